@@ -1,0 +1,1 @@
+"""Whisper speech-to-text engine: audio in, typed transcriptions out, over pluggable backends."""
