@@ -41,3 +41,7 @@ class EngineUnavailable(WhisperEngineError, RuntimeError):
 
 class EngineFailure(WhisperEngineError, RuntimeError):
     """The engine failed while decoding."""
+
+
+class Cancelled(WhisperEngineError):
+    """The caller cancelled the work (for instance, the client went away)."""
