@@ -110,7 +110,9 @@ class WhisperTokenizer:
         if self.is_multilingual:
             if language is not None:
                 if language not in sp.languages:
-                    raise InvalidOption("language", f"This model does not know language {language!r}")
+                    raise InvalidOption(
+                        "language", f"This model does not know language {language!r}"
+                    )
                 prompt.append(sp.languages[language])
             prompt.append(sp.translate if task == "translate" else sp.transcribe)
         elif task == "translate":
@@ -127,7 +129,28 @@ class WhisperTokenizer:
     def non_speech_tokens(self) -> tuple[int, ...]:
         """Ids of symbols that are never spoken (openai-whisper's list), for suppression."""
         symbols = list('"#()*+/:;<=>@[\\]^_`{|}~「」『』')
-        symbols += "<< >> <<< >>> -- --- -( -[ (' (\" (( )) ((( ))) [[ ]] {{ }} ♪♪ ♪♪♪".split()
+        symbols += [
+            "<<",
+            ">>",
+            "<<<",
+            ">>>",
+            "--",
+            "---",
+            "-(",
+            "-[",
+            "('",
+            '("',
+            "((",
+            "))",
+            "(((",
+            ")))",
+            "[[",
+            "]]",
+            "{{",
+            "}}",
+            "♪♪",
+            "♪♪♪",
+        ]
         miscellaneous = set("♩♪♫♬♭♮♯")
         ids = {self.encode(" -")[0], self.encode(" '")[0]}
         for symbol in symbols + sorted(miscellaneous):

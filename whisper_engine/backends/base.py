@@ -32,6 +32,8 @@ class TokenRules:
     """
 
     eot: int
+    sot: int
+    no_speech: int
     no_timestamps: int
     timestamp_begin: int
     suppress_ids: tuple[int, ...]

@@ -1,0 +1,390 @@
+"""The PyTorch backend: Hugging Face transformers' Whisper weights, our own decode loop.
+
+The encoder is transformers' module as is. The decoder is driven here, layer by layer, over
+the same modules' weights: a preallocated self-attention cache, cross-attention keys and
+values computed once per window, Whisper's token rules applied on the device, and
+cross-attention probabilities on demand for word alignment. Owning the loop keeps the seam's
+contract (tokens, log-probabilities, no-speech probability) independent of transformers'
+``generate`` and its changing cache API.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+from whisper_engine.backends.base import (
+    WINDOW_SAMPLES,
+    AlignmentRequest,
+    WindowOutput,
+    WindowRequest,
+)
+from whisper_engine.backends.torch_rules import TimestampState, apply_rules
+from whisper_engine.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+N_FFT = 400
+HOP_LENGTH = 160
+
+
+def pick_device(device: str | None) -> str:
+    if device:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(
+        self,
+        checkpoint_dir: str | Path,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        max_batch_size: int = 32,
+        quantize_int8: bool = False,
+    ) -> None:
+        self.device = pick_device(device)
+        self.dtype = _pick_dtype(self.device, dtype)
+        self.max_batch_size = max_batch_size
+        self.model = _load_model(Path(checkpoint_dir), self.device, self.dtype, quantize_int8)
+        config = self.model.config
+        self.max_target_positions = int(config.max_target_positions)
+        self.n_mels = int(config.num_mel_bins)
+        extractor = WhisperFeatureExtractor.from_pretrained(str(checkpoint_dir))
+        self._mel_filters = torch.tensor(extractor.mel_filters, dtype=torch.float32).T.to(
+            self.device
+        )
+        self._window = torch.hann_window(N_FFT, device=self.device)
+        self._alignment_heads = _alignment_heads(self.model)
+        self._decoder = self.model.model.decoder
+
+    # ----- the seam -----
+
+    @torch.inference_mode()
+    def generate(self, requests: Sequence[WindowRequest]) -> list[WindowOutput]:
+        outputs: dict[int, WindowOutput] = {}
+        for indices in self._batches(requests):
+            batch = [requests[i] for i in indices]
+            for i, out in zip(indices, self._generate_batch(batch), strict=True):
+                outputs[i] = out
+        return [outputs[i] for i in range(len(requests))]
+
+    @torch.inference_mode()
+    def next_token_logprobs(
+        self, audios: Sequence[np.ndarray], prompt_ids: tuple[int, ...], candidates: Sequence[int]
+    ) -> np.ndarray:
+        rows = []
+        for start in range(0, len(audios), self.max_batch_size):
+            chunk = audios[start : start + self.max_batch_size]
+            cross = self._cross_kv(self._encode(chunk))
+            tokens = torch.tensor([prompt_ids] * len(chunk), device=self.device)
+            cache = self._new_cache(len(chunk), len(prompt_ids))
+            logits = self._forward(tokens, 0, cache, cross)[:, -1].float()
+            picked = logits[:, list(candidates)]
+            rows.append(torch.log_softmax(picked, dim=-1).cpu().numpy())
+        return np.concatenate(rows)
+
+    @torch.inference_mode()
+    def alignment_weights(self, requests: Sequence[AlignmentRequest]) -> list[np.ndarray] | None:
+        results: list[np.ndarray] = []
+        for request in requests:
+            cross = self._cross_kv(self._encode([request.audio]))
+            tokens = torch.tensor([request.token_ids], device=self.device)
+            cache = self._new_cache(1, len(request.token_ids))
+            collected: dict[int, torch.Tensor] = {}
+            self._forward(tokens, 0, cache, cross, collect_attention=collected)
+            heads = [collected[layer][0, head] for layer, head in self._alignment_heads]
+            results.append(torch.stack(heads).float().cpu().numpy())
+        return results
+
+    def close(self) -> None:
+        self.model = None  # type: ignore[assignment]
+        if self.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+    # ----- features and encoder -----
+
+    def _batches(self, requests: Sequence[WindowRequest]) -> list[list[int]]:
+        """Indices grouped by prompt length (one cache layout per batch), then by size."""
+        by_length: dict[int, list[int]] = {}
+        for i, request in enumerate(requests):
+            by_length.setdefault(len(request.prompt_ids), []).append(i)
+        return [
+            group[start : start + self.max_batch_size]
+            for group in by_length.values()
+            for start in range(0, len(group), self.max_batch_size)
+        ]
+
+    def _log_mel(self, audios: Sequence[np.ndarray]) -> torch.Tensor:
+        padded = np.zeros((len(audios), WINDOW_SAMPLES), dtype=np.float32)
+        for row, audio in zip(padded, audios, strict=True):
+            row[: len(audio)] = audio[:WINDOW_SAMPLES]
+        wave = torch.from_numpy(padded).to(self.device)
+        stft = torch.stft(wave, N_FFT, HOP_LENGTH, window=self._window, return_complex=True)
+        power = stft[..., :-1].abs() ** 2
+        log_spec = torch.clamp(self._mel_filters @ power, min=1e-10).log10()
+        floor = log_spec.amax(dim=(1, 2), keepdim=True) - 8.0
+        return ((torch.maximum(log_spec, floor) + 4.0) / 4.0).to(self.dtype)
+
+    def _encode(self, audios: Sequence[np.ndarray]) -> torch.Tensor:
+        features = self._log_mel(audios)
+        return self.model.model.encoder(input_features=features).last_hidden_state
+
+    def _cross_kv(self, encoded: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        kv = []
+        for layer in self._decoder.layers:
+            attn = layer.encoder_attn
+            kv.append((_heads(attn.k_proj(encoded), attn), _heads(attn.v_proj(encoded), attn)))
+        return kv
+
+    # ----- decoder -----
+
+    def _new_cache(self, batch: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        attn = self._decoder.layers[0].self_attn
+        shape = (batch, attn.num_heads, length, attn.head_dim)
+        return [
+            (
+                torch.empty(shape, device=self.device, dtype=self.dtype),
+                torch.empty(shape, device=self.device, dtype=self.dtype),
+            )
+            for _ in self._decoder.layers
+        ]
+
+    def _forward(
+        self,
+        tokens: torch.Tensor,
+        offset: int,
+        cache: list[tuple[torch.Tensor, torch.Tensor]],
+        cross: list[tuple[torch.Tensor, torch.Tensor]],
+        collect_attention: dict[int, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Logits for ``tokens`` placed at positions ``offset...``; fills the cache there."""
+        decoder = self._decoder
+        length = tokens.shape[1]
+        positions = torch.arange(offset, offset + length, device=self.device)
+        hidden = decoder.embed_tokens(tokens) + decoder.embed_positions.weight[positions]
+        wanted = (
+            {layer for layer, _ in self._alignment_heads} if collect_attention is not None else ()
+        )
+        for index, layer in enumerate(decoder.layers):
+            hidden = hidden + self._self_attention(layer, hidden, cache[index], offset)
+            normed = layer.encoder_attn_layer_norm(hidden)
+            attn = layer.encoder_attn
+            query = _heads(attn.q_proj(normed), attn)
+            key, value = cross[index]
+            if index in wanted:
+                assert collect_attention is not None
+                scores = (query * attn.scaling) @ key.transpose(-1, -2)
+                collect_attention[index] = scores.float().softmax(dim=-1)
+            mixed = F.scaled_dot_product_attention(query, key, value, scale=attn.scaling)
+            hidden = hidden + attn.out_proj(_merge(mixed))
+            normed = layer.final_layer_norm(hidden)
+            hidden = hidden + layer.fc2(layer.activation_fn(layer.fc1(normed)))
+        hidden = decoder.layer_norm(hidden)
+        return self.model.proj_out(hidden)
+
+    def _self_attention(
+        self, layer, hidden: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], offset: int
+    ) -> torch.Tensor:
+        attn = layer.self_attn
+        normed = layer.self_attn_layer_norm(hidden)
+        length = hidden.shape[1]
+        key_cache, value_cache = cache
+        key_cache[:, :, offset : offset + length] = _heads(attn.k_proj(normed), attn)
+        value_cache[:, :, offset : offset + length] = _heads(attn.v_proj(normed), attn)
+        query = _heads(attn.q_proj(normed), attn)
+        end = offset + length
+        mixed = F.scaled_dot_product_attention(
+            query,
+            key_cache[:, :, :end],
+            value_cache[:, :, :end],
+            is_causal=length > 1 and offset == 0,
+            scale=attn.scaling,
+        )
+        return attn.out_proj(_merge(mixed))
+
+    def _generate_batch(self, batch: list[WindowRequest]) -> list[WindowOutput]:
+        size = len(batch)
+        prompt_length = len(batch[0].prompt_ids)
+        budget = [min(r.max_new_tokens, self.max_target_positions - prompt_length) for r in batch]
+        steps = max(budget)
+        cross = self._cross_kv(self._encode([r.audio for r in batch]))
+        cache = self._new_cache(size, prompt_length + steps)
+        prompts = torch.tensor([r.prompt_ids for r in batch], device=self.device)
+        logits = self._forward(prompts, 0, cache, cross)
+        no_speech = _no_speech_probs(logits, batch)
+        next_logits = logits[:, -1].float()
+
+        rules = batch[0].rules
+        sampler = _Sampler(batch, self.device)
+        state = TimestampState.start(batch, self.device)
+        limit = torch.tensor(budget, device=self.device)
+        tokens = torch.full((size, steps), rules.eot, device=self.device, dtype=torch.long)
+        logprobs = torch.zeros((size, steps), device=self.device)
+        eot_logprob = torch.zeros(size, device=self.device)
+        done = torch.zeros(size, dtype=torch.bool, device=self.device)
+        for step in range(steps):
+            filtered = apply_rules(next_logits, rules, state, step)
+            step_logprobs = torch.log_softmax(filtered, dim=-1)
+            chosen = sampler.pick(filtered)
+            chosen = torch.where(done, torch.full_like(chosen, rules.eot), chosen)
+            chosen_logprob = step_logprobs.gather(1, chosen[:, None])[:, 0]
+            ends = (chosen == rules.eot) & ~done
+            eot_logprob = torch.where(ends, chosen_logprob, eot_logprob)
+            tokens[:, step] = chosen
+            logprobs[:, step] = torch.where(done | ends, 0.0, chosen_logprob)
+            done = done | ends | (step + 1 >= limit)
+            state.advance(chosen, done)
+            if bool(done.all()):
+                break
+            next_logits = self._forward(chosen[:, None], prompt_length + step, cache, cross)[
+                :, -1
+            ].float()
+        return _window_outputs(tokens, logprobs, eot_logprob, no_speech, rules.eot)
+
+
+class _Sampler:
+    """Greedy rows take the argmax; sampling rows draw at their temperature, seeded per row."""
+
+    def __init__(self, batch: list[WindowRequest], device: str) -> None:
+        self.temperatures = torch.tensor([r.temperature for r in batch], device=device)
+        self.greedy = bool((self.temperatures == 0).all())
+        self.generators = []
+        if not self.greedy:
+            for i, request in enumerate(batch):
+                generator = torch.Generator(device=device)
+                generator.manual_seed(request.seed if request.seed is not None else 1234 + i)
+                self.generators.append(generator)
+
+    def pick(self, logits: torch.Tensor) -> torch.Tensor:
+        best = logits.argmax(dim=-1)
+        if self.greedy:
+            return best
+        picks = []
+        for row, generator in enumerate(self.generators):
+            temperature = float(self.temperatures[row])
+            if temperature == 0:
+                picks.append(best[row])
+                continue
+            probs = torch.softmax(logits[row] / temperature, dim=-1)
+            picks.append(torch.multinomial(probs, 1, generator=generator)[0])
+        return torch.stack(picks)
+
+
+def _no_speech_probs(logits: torch.Tensor, batch: list[WindowRequest]) -> list[float]:
+    """P(<|nospeech|>) at the position right after <|startoftranscript|>, as Whisper has it."""
+    sot_index = _sot_index(batch[0])
+    no_speech_id = batch[0].rules.no_speech
+    probs = torch.softmax(logits[:, sot_index].float(), dim=-1)[:, no_speech_id]
+    return [float(p) for p in probs.cpu()]
+
+
+def _sot_index(request: WindowRequest) -> int:
+    # the prompt ends with <|startoftranscript|> <|lang|> <|task|> [<|notimestamps|>]; the
+    # start-of-transcript token is the first token after any previous-text prefix
+    rules = request.rules
+    return request.prompt_ids.index(rules.sot) if rules.sot in request.prompt_ids else 0
+
+
+def _window_outputs(
+    tokens: torch.Tensor,
+    logprobs: torch.Tensor,
+    eot_logprob: torch.Tensor,
+    no_speech: list[float],
+    eot: int,
+) -> list[WindowOutput]:
+    outputs = []
+    for row_tokens, row_logprobs, end_logprob, nsp in zip(
+        tokens.cpu().tolist(),
+        logprobs.cpu().tolist(),
+        eot_logprob.cpu().tolist(),
+        no_speech,
+        strict=True,
+    ):
+        finished = eot in row_tokens
+        length = row_tokens.index(eot) if finished else len(row_tokens)
+        kept = tuple(row_logprobs[:length])
+        outputs.append(
+            WindowOutput(
+                token_ids=tuple(row_tokens[:length]),
+                logprobs=kept,
+                sum_logprob=sum(kept) + (end_logprob if finished else 0.0),
+                finished=finished,
+                no_speech_prob=nsp,
+            )
+        )
+    return outputs
+
+
+def _heads(x: torch.Tensor, attn) -> torch.Tensor:
+    batch, length, _ = x.shape
+    return x.view(batch, length, attn.num_heads, attn.head_dim).transpose(1, 2)
+
+
+def _merge(x: torch.Tensor) -> torch.Tensor:
+    batch, heads, length, dim = x.shape
+    return x.transpose(1, 2).reshape(batch, length, heads * dim)
+
+
+def _pick_dtype(device: str, dtype: str | None) -> torch.dtype:
+    if dtype:
+        return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
+            dtype
+        ]
+    return torch.float16 if device.startswith("cuda") else torch.float32
+
+
+def _load_model(
+    checkpoint_dir: Path, device: str, dtype: torch.dtype, quantize_int8: bool
+) -> WhisperForConditionalGeneration:
+    try:
+        model = WhisperForConditionalGeneration.from_pretrained(
+            str(checkpoint_dir), dtype=dtype, attn_implementation="sdpa"
+        )
+    except Exception as exc:
+        raise ModelLoadError(
+            f"Cannot load the Whisper checkpoint at {checkpoint_dir}: {exc}"
+        ) from exc
+    model = model.to(device).eval()
+    for attn in _attention_modules(model):
+        # transformers' attention modules keep the head layout as attributes under names
+        # that changed between versions; the decode loop needs them under one name
+        attn.num_heads = getattr(attn, "num_heads", None) or model.config.decoder_attention_heads
+        attn.head_dim = attn.q_proj.out_features // attn.num_heads
+        attn.scaling = attn.head_dim**-0.5
+    if quantize_int8:
+        model = _quantize_linear_int8(model)
+    return model
+
+
+def _attention_modules(model: WhisperForConditionalGeneration) -> list:
+    layers = model.model.decoder.layers
+    return [layer.self_attn for layer in layers] + [layer.encoder_attn for layer in layers]
+
+
+def _quantize_linear_int8(model: WhisperForConditionalGeneration):
+    from torch.ao.quantization import quantize_dynamic
+
+    return quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+
+def _alignment_heads(model: WhisperForConditionalGeneration) -> list[tuple[int, int]]:
+    heads = getattr(model.generation_config, "alignment_heads", None)
+    if heads:
+        return [(int(layer), int(head)) for layer, head in heads]
+    # no published heads: openai-whisper's default, every head of the upper half of layers
+    config = model.config
+    return [
+        (layer, head)
+        for layer in range(config.decoder_layers // 2, config.decoder_layers)
+        for head in range(config.decoder_attention_heads)
+    ]

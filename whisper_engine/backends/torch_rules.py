@@ -1,0 +1,98 @@
+"""Whisper's token rules (see ``TokenRules``) as batched tensor operations.
+
+Everything stays on the device: per-row timestamp state is kept in tensors, so a step costs a
+handful of kernels whatever the batch size, instead of a Python loop over rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from whisper_engine.backends.base import TokenRules, WindowRequest
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class TimestampState:
+    """What the timestamp rules need to know about each row's sampled tokens."""
+
+    enabled: torch.Tensor  # [B] bool: the row decodes in timestamp mode
+    last_was_timestamp: torch.Tensor  # [B] bool
+    penultimate_was_timestamp: torch.Tensor  # [B] bool (True while fewer than 2 tokens)
+    last_timestamp: torch.Tensor  # [B] long: last timestamp token id, -1 if none yet
+    timestamp_begin: int
+
+    @classmethod
+    def start(cls, batch: list[WindowRequest], device: str) -> TimestampState:
+        size = len(batch)
+        return cls(
+            enabled=torch.tensor([r.timestamps for r in batch], device=device),
+            last_was_timestamp=torch.zeros(size, dtype=torch.bool, device=device),
+            penultimate_was_timestamp=torch.ones(size, dtype=torch.bool, device=device),
+            last_timestamp=torch.full((size,), -1, dtype=torch.long, device=device),
+            timestamp_begin=batch[0].rules.timestamp_begin,
+        )
+
+    def advance(self, chosen: torch.Tensor, done: torch.Tensor) -> None:
+        is_timestamp = chosen >= self.timestamp_begin
+        self.penultimate_was_timestamp = torch.where(
+            done, self.penultimate_was_timestamp, self.last_was_timestamp
+        )
+        self.last_was_timestamp = torch.where(done, self.last_was_timestamp, is_timestamp)
+        self.last_timestamp = torch.where(is_timestamp & ~done, chosen, self.last_timestamp)
+
+
+def apply_rules(
+    logits: torch.Tensor, rules: TokenRules, state: TimestampState, step: int
+) -> torch.Tensor:
+    """A copy of ``logits`` [B, V] with every forbidden token at -inf."""
+    logits = logits.clone()
+    if rules.suppress_ids:
+        logits[:, list(rules.suppress_ids)] = NEG_INF
+    if step == 0 and rules.begin_suppress_ids:
+        logits[:, list(rules.begin_suppress_ids)] = NEG_INF
+    # <|notimestamps|> is only ever part of a prompt
+    logits[:, rules.no_timestamps] = NEG_INF
+    if bool(state.enabled.any()):
+        timestamped = _timestamp_rules(logits, rules, state, step)
+        logits = torch.where(state.enabled[:, None], timestamped, logits)
+    return logits
+
+
+def _timestamp_rules(
+    logits: torch.Tensor, rules: TokenRules, state: TimestampState, step: int
+) -> torch.Tensor:
+    begin = rules.timestamp_begin
+    vocab = torch.arange(logits.shape[1], device=logits.device)
+    is_timestamp = vocab >= begin
+    out = logits.clone()
+
+    # timestamps come in pairs: after a pair, text must follow; after a lone one, another
+    # timestamp or the end
+    pair_closed = state.last_was_timestamp & state.penultimate_was_timestamp
+    pair_open = state.last_was_timestamp & ~state.penultimate_was_timestamp
+    out.masked_fill_(pair_closed[:, None] & is_timestamp[None, :], NEG_INF)
+    out.masked_fill_(pair_open[:, None] & (vocab < rules.eot)[None, :], NEG_INF)
+
+    # timestamps never go backwards; a new pair must start strictly after the last one
+    has_timestamp = state.last_timestamp >= 0
+    lowest = torch.where(pair_open, state.last_timestamp, state.last_timestamp + 1)
+    backwards = is_timestamp[None, :] & (vocab[None, :] < lowest[:, None])
+    out.masked_fill_(has_timestamp[:, None] & backwards, NEG_INF)
+
+    if step == 0:
+        # the first token is a timestamp, no later than max_initial_timestamp_index
+        out[:, :begin] = NEG_INF
+        if rules.max_initial_timestamp_index is not None:
+            out[:, begin + rules.max_initial_timestamp_index + 1 :] = NEG_INF
+
+    # when timestamps together are likelier than any single text token, take a timestamp
+    logprobs = torch.log_softmax(out.float(), dim=-1)
+    timestamp_mass = logprobs[:, begin:].logsumexp(dim=-1)
+    best_text = logprobs[:, :begin].max(dim=-1).values
+    force = timestamp_mass > best_text
+    out.masked_fill_(force[:, None] & ~is_timestamp[None, :], NEG_INF)
+    return out

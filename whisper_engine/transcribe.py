@@ -1,0 +1,273 @@
+"""Long-form transcription: language, windows, batched decoding, segments, words."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from whisper_engine.alignment import align_words
+from whisper_engine.backends.base import SAMPLE_RATE, AlignmentRequest, Backend
+from whisper_engine.decoding import (
+    DecodedWindow,
+    WindowDecoder,
+    WindowPlan,
+    is_silence,
+    token_rules,
+)
+from whisper_engine.errors import Cancelled
+from whisper_engine.options import TranscribeOptions
+from whisper_engine.results import Segment, TokenLogprob, Transcription, Word
+from whisper_engine.segments import RawSegment, split_segments
+from whisper_engine.tokenizer import WhisperTokenizer
+from whisper_engine.windows import Window, plan_windows
+
+MEL_HOP = 160  # samples per mel frame: a segment's ``seek`` is in these units
+AUDIO_FRAME = 320  # samples per encoder frame (20 ms)
+
+
+@dataclass(frozen=True)
+class LanguageGuess:
+    code: str
+    probability: float | None
+
+
+class Transcriber:
+    """Turns audio into a ``Transcription`` through any ``Backend`` (or a pool of them)."""
+
+    def __init__(
+        self,
+        tokenizer: WhisperTokenizer,
+        backend: Backend,
+        *,
+        suppress_ids: Sequence[int] = (),
+        stream_batch_windows: int = 4,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.backend = backend
+        self.rules = token_rules(tokenizer, suppress_ids)
+        self.decoder = WindowDecoder(backend, tokenizer, self.rules)
+        self.stream_batch_windows = stream_batch_windows
+
+    def transcribe(
+        self,
+        audio: np.ndarray,
+        options: TranscribeOptions,
+        *,
+        cancel: threading.Event | None = None,
+        progress: Callable[[float], None] | None = None,
+    ) -> Transcription:
+        """Decode every window of the audio together, as one batch."""
+        stream = TranscriptionStream(self, audio, options, cancel, batch_windows=None)
+        for _ in stream:
+            if progress is not None:
+                progress(stream.seconds_done)
+        return stream.result
+
+    def stream(
+        self,
+        audio: np.ndarray,
+        options: TranscribeOptions,
+        *,
+        cancel: threading.Event | None = None,
+        batch_windows: int | None = None,
+    ) -> TranscriptionStream:
+        """Segments in order, a few windows at a time, as each batch finishes."""
+        return TranscriptionStream(
+            self, audio, options, cancel, batch_windows or self.stream_batch_windows
+        )
+
+    def detect_language(self, audio: np.ndarray) -> LanguageGuess:
+        """The most likely language of the first 30 s, with its probability."""
+        special = self.tokenizer.special
+        if not self.tokenizer.is_multilingual:
+            return LanguageGuess("en", None)
+        codes = list(special.languages)
+        first = plan_windows(audio)[0]
+        logprobs = self.backend.next_token_logprobs(
+            [audio[first.start : first.end]], (special.sot,), [special.languages[c] for c in codes]
+        )[0]
+        best = int(np.argmax(logprobs))
+        return LanguageGuess(codes[best], float(math.exp(logprobs[best])))
+
+
+class TranscriptionStream:
+    """An iterator of ``Segment``; ``result`` holds the whole ``Transcription`` at the end."""
+
+    def __init__(
+        self,
+        transcriber: Transcriber,
+        audio: np.ndarray,
+        options: TranscribeOptions,
+        cancel: threading.Event | None,
+        batch_windows: int | None,
+    ) -> None:
+        self._t = transcriber
+        self._audio = np.ascontiguousarray(audio, dtype=np.float32)
+        self._options = options
+        self._cancel = cancel
+        self._batch_windows = batch_windows
+        self._result: Transcription | None = None
+        self.seconds_done = 0.0
+        self._segments = self._run()
+
+    def __iter__(self) -> Iterator[Segment]:
+        return self._segments
+
+    @property
+    def result(self) -> Transcription:
+        if self._result is None:
+            raise RuntimeError("The transcription is complete only once its segments are read")
+        return self._result
+
+    def _check_cancel(self) -> None:
+        if self._cancel is not None and self._cancel.is_set():
+            raise Cancelled("The transcription was cancelled")
+
+    def _run(self) -> Iterator[Segment]:
+        t, options = self._t, self._options
+        self._check_cancel()
+        windows = plan_windows(self._audio)
+        if options.language is not None:
+            language = LanguageGuess(options.language, None)
+        else:
+            language = t.detect_language(self._audio)
+        prompt = t.tokenizer.decoder_prompt(
+            language.code, options.task, options.with_timestamps, options.prompt
+        )
+        segments: list[Segment] = []
+        logprobs: list[TokenLogprob] = []
+        size = self._batch_windows or max(1, len(windows))
+        for first in range(0, len(windows), size):
+            self._check_cancel()
+            batch = windows[first : first + size]
+            plans = [
+                WindowPlan(self._audio[w.start : w.end], prompt, seed=first + i)
+                for i, w in enumerate(batch)
+            ]
+            decoded = t.decoder.decode(plans, options)
+            new = self._window_segments(batch, plans, decoded, language.code, len(segments))
+            for window in decoded:
+                if options.token_logprobs and not is_silence(window, options):
+                    logprobs.extend(self._token_logprobs(window))
+            segments.extend(new)
+            self.seconds_done = batch[-1].end / SAMPLE_RATE
+            yield from new
+        self._result = Transcription(
+            text="".join(s.text for s in segments).strip(),
+            language=language.code,
+            language_probability=language.probability,
+            duration=len(self._audio) / SAMPLE_RATE,
+            task=options.task,
+            segments=tuple(segments),
+            logprobs=tuple(logprobs),
+        )
+
+    def _window_segments(
+        self,
+        windows: list[Window],
+        plans: list[WindowPlan],
+        decoded: list[DecodedWindow],
+        language: str,
+        first_id: int,
+    ) -> list[Segment]:
+        t, options = self._t, self._options
+        timed_words = self._align(plans, decoded, language) if options.word_timestamps else None
+        segments: list[Segment] = []
+        for index, (window, result) in enumerate(zip(windows, decoded, strict=True)):
+            if is_silence(result, options):
+                continue
+            raw = split_segments(result.output.token_ids, t.rules.timestamp_begin, window.seconds)
+            words = timed_words[index] if timed_words is not None else []
+            for piece, piece_words in zip(raw, _words_per_segment(raw, words), strict=True):
+                text = t.tokenizer.decode(piece.text_tokens)
+                if not text.strip():
+                    continue
+                segments.append(
+                    _segment(first_id + len(segments), window, piece, text, result, piece_words)
+                )
+        return segments
+
+    def _align(
+        self, plans: list[WindowPlan], decoded: list[DecodedWindow], language: str
+    ) -> list[list[Word]]:
+        t = self._t
+        eot = t.rules.eot
+        texts = [[tok for tok in d.output.token_ids if tok < eot] for d in decoded]
+        requests = [
+            AlignmentRequest(plan.audio, (*plan.prompt_ids, *text, eot))
+            for plan, text in zip(plans, texts, strict=True)
+        ]
+        weights = t.backend.alignment_weights(requests)
+        if weights is None:
+            return [[] for _ in plans]
+        aligned = []
+        for plan, result, text, w in zip(plans, decoded, texts, weights, strict=True):
+            probs = [
+                math.exp(lp)
+                for tok, lp in zip(result.output.token_ids, result.output.logprobs, strict=True)
+                if tok < eot
+            ]
+            words, groups = t.tokenizer.split_to_words(text, language)
+            frames = math.ceil(len(plan.audio) / AUDIO_FRAME)
+            timed = align_words(w, len(plan.prompt_ids), text, probs, words, groups, frames)
+            aligned.append([Word(x.word, x.start, x.end, x.probability) for x in timed])
+        return aligned
+
+    def _token_logprobs(self, window: DecodedWindow) -> list[TokenLogprob]:
+        tokenizer, eot = self._t.tokenizer, self._t.rules.eot
+        return [
+            TokenLogprob(tokenizer.decode([tok]), lp, tuple(tokenizer.token_bytes(tok)))
+            for tok, lp in zip(window.output.token_ids, window.output.logprobs, strict=True)
+            if tok < eot
+        ]
+
+
+def _words_per_segment(raw: list[RawSegment], words: list[Word]) -> list[list[Word]]:
+    """Hand the window's words (relative times) to its segments in order, by time."""
+    if not words:
+        return [[] for _ in raw]
+    groups: list[list[Word]] = [[] for _ in raw]
+    for word in words:
+        middle = (word.start + word.end) / 2
+        target = next((i for i, s in enumerate(raw) if middle < s.end), len(raw) - 1)
+        groups[target].append(word)
+    return groups
+
+
+def _segment(
+    segment_id: int,
+    window: Window,
+    piece: RawSegment,
+    text: str,
+    result: DecodedWindow,
+    words: list[Word],
+) -> Segment:
+    offset = window.start_seconds
+    window_end = offset + window.seconds
+    start = round(offset + piece.start, 3)
+    end = round(max(offset + piece.end, start), 3)
+    return Segment(
+        id=segment_id,
+        seek=window.start // MEL_HOP,
+        start=start,
+        end=end,
+        text=text,
+        tokens=piece.tokens,
+        temperature=result.temperature,
+        avg_logprob=result.avg_logprob,
+        compression_ratio=result.compression_ratio,
+        no_speech_prob=result.no_speech_prob,
+        words=tuple(
+            Word(
+                w.word,
+                round(min(offset + w.start, window_end), 3),
+                round(min(offset + w.end, window_end), 3),
+                w.probability,
+            )
+            for w in words
+        ),
+    )
