@@ -176,7 +176,7 @@ def write_ct2_model(
         out.write(struct.pack("<I", FORMAT_VERSION) + string(spec) + struct.pack("<I", revision))
         out.write(struct.pack("<I", len(variables)))
         for name, value in variables.items():
-            array = np.ascontiguousarray(value)
+            array = np.asarray(value, order="C")  # keeps scalars 0-d
             dtype = array.dtype.newbyteorder("<")
             out.write(string(name) + struct.pack("<B", array.ndim))
             out.write(struct.pack(f"<{array.ndim}I", *array.shape))
