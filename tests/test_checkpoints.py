@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +23,8 @@ from whisper_engine.checkpoints.ctranslate2 import read_ct2_model, write_ct2_mod
 from whisper_engine.checkpoints.embedded import embedded_checkpoint
 from whisper_engine.errors import ModelLoadError
 
-DATA = Path(__file__).parent / "data"
+REPO = Path(__file__).parent.parent
+DATA = REPO / "tests" / "data"
 JFK = DATA / "speech" / "jfk.wav"
 REFERENCE_BASE_CONFIG = DATA / "model_configs" / "whisper-base.json"
 
@@ -63,6 +66,19 @@ def test_embedded_model_is_converted_with_provenance(embedded: Path, cache_dir: 
         "whisper-serve.json",
     }
     assert {p.name for p in embedded.iterdir()} == expected
+    # readable by another user (a cache filled at image build time)
+    assert all(p.stat().st_mode & 0o044 == 0o044 for p in [embedded, *embedded.iterdir()])
+
+
+def test_the_package_imports_no_model_library() -> None:
+    code = (
+        "import sys, whisper_engine.checkpoints; "
+        "print(sorted({'torch', 'transformers', 'tensorrt_llm'} & set(sys.modules)))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert run.stdout.strip() == "[]"
 
 
 def test_second_resolve_reuses_the_cached_conversion(embedded: Path, cache_dir: Path) -> None:

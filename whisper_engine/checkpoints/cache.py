@@ -47,9 +47,11 @@ def sha256_of(paths: Iterable[Path], copy_to: Path | None = None) -> str:
 
 def memoized_sha256(paths: list[Path], root: Path) -> str:
     """sha256_of(paths), remembered per (path, size, mtime, inode) so a reuse costs a stat."""
-    stamp = "|".join(
-        f"{p.resolve()}:{s.st_size}:{s.st_mtime_ns}:{s.st_ino}" for p in paths if (s := p.stat())
-    )
+    stamps = []
+    for path in paths:
+        info = path.stat()
+        stamps.append(f"{path.resolve()}:{info.st_size}:{info.st_mtime_ns}:{info.st_ino}")
+    stamp = "|".join(stamps)
     memo = root / _HASH_MEMO / hashlib.sha256(stamp.encode()).hexdigest()
     with contextlib.suppress(OSError):
         known = memo.read_text().strip()
@@ -88,6 +90,7 @@ def publish_directory(final: Path, build: Callable[[Path], None]) -> Path:
         raise ModelLoadError(f"Cannot write to the model cache {final.parent}: {exc}") from exc
     try:
         build(tmp)
+        _make_readable(tmp)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -98,6 +101,14 @@ def publish_directory(final: Path, build: Callable[[Path], None]) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _make_readable(directory: Path) -> None:
+    # mkdtemp creates 0700: a cache filled at image build time must be readable by the
+    # (often different) user that serves.
+    directory.chmod(0o755)
+    for path in directory.iterdir():
+        path.chmod(0o644)
 
 
 def convert_ct2_directory(files: CT2Files, root: Path, label: str, source: str) -> Path:

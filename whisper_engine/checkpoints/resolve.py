@@ -86,13 +86,22 @@ def _hub_offline(offline: bool | None) -> bool:
 
 
 def _hub_snapshot(repo_id: str, offline: bool | None) -> Path:
+    local_only = _hub_offline(offline)
+    path = _snapshot_download(repo_id, HUB_PATTERNS, local_only)
+    if not any((path / f).is_file() for f in (*HF_WEIGHT_FILES, "model.bin")):
+        # Older repositories have PyTorch pickles only; fetched just when nothing else is.
+        path = _snapshot_download(repo_id, [*HUB_PATTERNS, "pytorch_model.bin"], local_only)
+    return path
+
+
+def _snapshot_download(repo_id: str, patterns: list[str], local_only: bool) -> Path:
     import huggingface_hub  # only the hub path needs it
 
     try:
         path = huggingface_hub.snapshot_download(
             repo_id,
-            allow_patterns=HUB_PATTERNS,
-            local_files_only=_hub_offline(offline),
+            allow_patterns=patterns,
+            local_files_only=local_only,
             etag_timeout=HUB_TIMEOUT_S,
         )
     except Exception as exc:  # the hub raises many types: network, auth, validation, cache
