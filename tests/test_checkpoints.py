@@ -441,6 +441,7 @@ def test_a_corrupted_model_bin_is_refused(synthetic, tmp_path, corrupt, message)
         ("activation", "decoder/activation = 1 is not supported"),
         ("missing", "missing"),
         ("alias", "Unexpected alias"),
+        ("int8", "is quantized"),
     ],
 )
 def test_an_unexpected_model_structure_is_refused(synthetic, tmp_path, change, message) -> None:
@@ -454,6 +455,8 @@ def test_an_unexpected_model_structure_is_refused(synthetic, tmp_path, change, m
         variables["decoder/activation"] = np.int8(1)
     elif change == "missing":
         del variables["decoder/layer_1/attention/linear_2/weight"]
+    elif change == "int8":
+        variables["decoder/layer_0/ffn/linear_0/weight"] = np.ones((FFN, D_MODEL), np.int8)
     else:
         aliases["decoder/other/weight"] = "decoder/embeddings/weight"
     write_ct2_model(directory / "model.bin", variables, aliases)

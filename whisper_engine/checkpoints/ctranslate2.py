@@ -89,7 +89,8 @@ class _Cursor:
 
     def unpack(self, fmt: str, what: str) -> int:
         size = struct.calcsize("<" + fmt)
-        return struct.unpack_from("<" + fmt, self.buf, self.take(size, what))[0]
+        start = self.take(size, what)
+        return struct.unpack_from("<" + fmt, self.buf[start : self.pos].tobytes())[0]
 
     def string(self, what: str) -> str:
         length = self.unpack("H", what)
@@ -223,6 +224,12 @@ def to_hf_state_dict(model: CT2Model) -> tuple[dict[str, np.ndarray], WhisperDim
     tensors = {n: a for n, a in model.variables.items() if a.ndim > 0}
     scalars = {n: int(a) for n, a in model.variables.items() if a.ndim == 0}
     _check_scalars(scalars)
+    quantized = sorted(n for n, a in tensors.items() if a.dtype.kind != "f")
+    if quantized:
+        raise ModelLoadError(
+            f"The CTranslate2 model is quantized ({quantized[0]} is "
+            f"{tensors[quantized[0]].dtype}); only float16/float32/bfloat16 models convert"
+        )
     state: dict[str, np.ndarray] = {}
     for name, array in tensors.items():
         if name == TIED_PROJECTION[0]:
