@@ -21,7 +21,13 @@ from server.errors import APIError, from_exception, model_not_found, not_ready
 from server.metrics import ServerMetrics
 from server.streaming import TextDeltas
 from whisper_engine.audio import decode_audio
-from whisper_engine.errors import Cancelled, WhisperEngineError
+from whisper_engine.errors import (
+    AudioDecodeError,
+    AudioTooLong,
+    Cancelled,
+    InvalidOption,
+    WhisperEngineError,
+)
 from whisper_engine.options import TranscribeOptions
 from whisper_engine.results import Segment, Transcription
 from whisper_engine.transcribe import Transcriber
@@ -73,7 +79,7 @@ class TranscriptionService:
         except Cancelled:
             self.metrics.cancelled.inc()
             raise
-        except WhisperEngineError as exc:
+        except Exception as exc:
             self._count_engine_error(exc)
             raise
         finally:
@@ -131,7 +137,8 @@ class TranscriptionService:
             raise
 
     def _count_engine_error(self, exc: BaseException) -> None:
-        if not isinstance(exc, Cancelled):
+        """Failures of the engine itself; bad input and cancellations are not counted."""
+        if not isinstance(exc, (Cancelled, AudioDecodeError, AudioTooLong, InvalidOption)):
             self.metrics.engine_errors.labels(type(exc).__name__).inc()
 
 

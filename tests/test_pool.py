@@ -1,0 +1,210 @@
+"""EnginePool over the real torch backend: windows of concurrent callers share one backend
+call, every caller gets its own answer, a failing call fails only its batch, close() drains."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import jiwer
+import numpy as np
+import pytest
+from whisper_normalizer.english import EnglishTextNormalizer
+
+from whisper_engine.audio import decode_audio
+from whisper_engine.backends.base import Backend, WindowOutput, WindowRequest
+from whisper_engine.decoding import token_rules
+from whisper_engine.errors import EngineFailure, EngineUnavailable
+from whisper_engine.model import WhisperModel, load_model
+from whisper_engine.pool import EnginePool
+
+SPEECH_DIR = Path(__file__).parent / "data" / "speech"
+JFK = SPEECH_DIR / "jfk.wav"
+MAX_NEW_TOKENS = 40
+CLIPS = {  # file -> what the speaker says (no timestamps asked: text tokens only)
+    "librivox-0930.wav": "he might even have been made amiable himself",
+    "librivox-0880.wav": "he was not an ill disposed young man",
+    "jfk.wav": "and so my fellow americans ask not what your country can do for you",
+}
+
+
+@pytest.fixture(scope="module")
+def model() -> WhisperModel:
+    loaded = load_model()
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture(scope="module")
+def requests(model) -> dict[str, WindowRequest]:
+    prompt = model.tokenizer.decoder_prompt("en", "transcribe", timestamps=False)
+    rules = token_rules(model.tokenizer, model.suppress_ids)
+    out = {}
+    for name in CLIPS:
+        audio = decode_audio(SPEECH_DIR / name)[: 8 * 16_000]  # 8 s keeps the decode short
+        out[name] = WindowRequest(audio, prompt, 0.0, MAX_NEW_TOKENS, False, rules)
+    return out
+
+
+class RecordingBackend:
+    """A real backend behind a gate that records the size of every call it receives."""
+
+    def __init__(self, inner: Backend) -> None:
+        self.inner = inner
+        self.name = f"recording-{inner.name}"
+        self.device = inner.device
+        self.max_target_positions = inner.max_target_positions
+        self.calls: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Semaphore(0)  # released once per call reaching the gate
+        self.fail_next = False
+
+    def generate(self, requests: Sequence[WindowRequest]) -> list[WindowOutput]:
+        self.calls.append(len(requests))
+        self.entered.release()
+        self.gate.wait()
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("device lost")
+        return self.inner.generate(requests)
+
+    def next_token_logprobs(self, audios, prompt_ids, candidates) -> np.ndarray:
+        self.calls.append(len(audios))
+        return self.inner.next_token_logprobs(audios, prompt_ids, candidates)
+
+    def alignment_weights(self, requests):
+        self.calls.append(len(requests))
+        return self.inner.alignment_weights(requests)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+_normalize = EnglishTextNormalizer()
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    return float(jiwer.wer(_normalize(reference), _normalize(hypothesis)))
+
+
+def _text(model: WhisperModel, output: WindowOutput) -> str:
+    return model.tokenizer.decode(list(output.token_ids))
+
+
+def _wait_until(condition, timeout: float = 60.0) -> None:
+    finished = threading.Event()
+    while not condition():
+        if finished.wait(0.01) or timeout <= 0:
+            raise AssertionError("condition not reached")
+        timeout -= 0.01
+
+
+def test_concurrent_callers_share_one_backend_call(model, requests):
+    backend = RecordingBackend(model.backend)
+    pool = EnginePool([backend], max_batch_windows=8)
+    names = list(CLIPS)
+    try:
+        backend.gate.clear()
+        with ThreadPoolExecutor(len(names)) as callers:
+            first = callers.submit(pool.generate, [requests[names[0]]])
+            backend.entered.acquire()  # the worker is inside the first call, at the gate
+            rest = [callers.submit(pool.generate, [requests[n]]) for n in names[1:]]
+            _wait_until(lambda: pool.pending_windows == len(names))
+            backend.gate.set()
+            outputs = [first.result()[0]] + [f.result()[0] for f in rest]
+    finally:
+        pool.close()
+    assert backend.calls == [1, len(names) - 1]  # the two waiting callers: one forward pass
+    for name, output in zip(names, outputs, strict=True):
+        assert word_error_rate(CLIPS[name], _text(model, output)) <= 0.15, name
+    assert pool.pending_windows == 0
+
+
+def test_one_caller_gets_its_windows_back_in_order(model, requests):
+    backend = RecordingBackend(model.backend)
+    pool = EnginePool([backend], max_batch_windows=2)
+    order = ["jfk.wav", "librivox-0880.wav", "librivox-0930.wav"]
+    try:
+        outputs = pool.generate([requests[name] for name in order])
+    finally:
+        pool.close()
+    assert sum(backend.calls) == 3 and max(backend.calls) <= 2  # the cap splits the work
+    for name, output in zip(order, outputs, strict=True):
+        assert word_error_rate(CLIPS[name], _text(model, output)) <= 0.15, name
+
+
+def test_a_failing_call_fails_its_batch_and_the_pool_keeps_serving(model, requests):
+    backend = RecordingBackend(model.backend)
+    pool = EnginePool([backend])
+    try:
+        backend.fail_next = True
+        with pytest.raises(EngineFailure, match="device lost"):
+            pool.generate([requests["librivox-0880.wav"]])
+        (output,) = pool.generate([requests["librivox-0880.wav"]])
+        assert word_error_rate(CLIPS["librivox-0880.wav"], _text(model, output)) <= 0.15
+        assert pool.threads_alive == 1
+    finally:
+        pool.close()
+
+
+def test_least_loaded_dispatch_spreads_windows_over_backends(model, requests):
+    first, second = RecordingBackend(model.backend), RecordingBackend(model.backend)
+    pool = EnginePool([first, second])
+    names = ["librivox-0880.wav", "librivox-0930.wav"]
+    try:
+        first.gate.clear()
+        second.gate.clear()
+        with ThreadPoolExecutor(1) as caller:
+            result = caller.submit(pool.generate, [requests[n] for n in names])
+            first.entered.acquire()
+            second.entered.acquire()
+            first.gate.set()  # one at a time: the two wrappers share one torch model
+            _wait_until(lambda: pool.pending_windows == 1)
+            second.gate.set()
+            outputs = result.result()
+    finally:
+        pool.close()
+    assert (first.calls, second.calls) == ([1], [1])
+    for name, output in zip(names, outputs, strict=True):
+        assert word_error_rate(CLIPS[name], _text(model, output)) <= 0.15, name
+
+
+def test_language_detection_goes_through_the_pool(model):
+    backend = RecordingBackend(model.backend)
+    pool = EnginePool([backend])
+    special = model.tokenizer.special
+    codes = list(special.languages)
+    jfk = decode_audio(JFK)
+    try:
+        rows = pool.next_token_logprobs(
+            [jfk, jfk[: 5 * 16_000]], (special.sot,), [special.languages[c] for c in codes]
+        )
+    finally:
+        pool.close()
+    assert rows.shape == (2, len(codes))
+    assert [codes[int(np.argmax(row))] for row in rows] == ["en", "en"]
+    assert backend.calls == [2]  # both audios in one call: same prompt and candidates
+
+
+def test_close_drains_queued_work_then_stops_threads(model, requests):
+    backend = RecordingBackend(model.backend)
+    pool = EnginePool([backend], close_backends=True)
+    backend.gate.clear()
+    with ThreadPoolExecutor(2) as callers:
+        running = callers.submit(pool.generate, [requests["librivox-0880.wav"]])
+        backend.entered.acquire()
+        queued = callers.submit(pool.generate, [requests["librivox-0930.wav"]])
+        _wait_until(lambda: pool.pending_windows == 2)
+        closing = threading.Thread(target=pool.close)
+        closing.start()
+        _wait_until(lambda: pool.closed)
+        with pytest.raises(EngineUnavailable):
+            pool.generate([requests["jfk.wav"]])
+        backend.gate.set()
+        closing.join()
+        assert running.result() and queued.result()  # both answered before the stop
+    assert pool.threads_alive == 0
+    assert backend.closed
