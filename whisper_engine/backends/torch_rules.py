@@ -24,6 +24,7 @@ class TimestampState:
     penultimate_was_timestamp: torch.Tensor  # [B] bool (True while fewer than 2 tokens)
     last_timestamp: torch.Tensor  # [B] long: last timestamp token id, -1 if none yet
     timestamp_begin: int
+    sampled: int = 0  # tokens sampled so far (every row advances together)
 
     @classmethod
     def start(cls, batch: list[WindowRequest], device: str) -> TimestampState:
@@ -38,9 +39,11 @@ class TimestampState:
 
     def advance(self, chosen: torch.Tensor, done: torch.Tensor) -> None:
         is_timestamp = chosen >= self.timestamp_begin
-        self.penultimate_was_timestamp = torch.where(
-            done, self.penultimate_was_timestamp, self.last_was_timestamp
-        )
+        self.sampled += 1
+        if self.sampled >= 2:  # with fewer than two tokens, the "penultimate" counts as one
+            self.penultimate_was_timestamp = torch.where(
+                done, self.penultimate_was_timestamp, self.last_was_timestamp
+            )
         self.last_was_timestamp = torch.where(done, self.last_was_timestamp, is_timestamp)
         self.last_timestamp = torch.where(is_timestamp & ~done, chosen, self.last_timestamp)
 
