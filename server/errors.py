@@ -151,7 +151,7 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     errors = exc.errors()
     first = errors[0] if errors else {}
     location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query")]
-    param = location[0] if location else None
+    param = location[0].removesuffix("[]") if location else None
     if first.get("type") == "missing" and param is not None:
         message = f"Missing required parameter: '{param}'."
     else:

@@ -87,9 +87,11 @@ class GatedBackend:
         self.max_target_positions = backend.max_target_positions
         self.gate = threading.Event()
         self.gate.set()
-        self.waiting = threading.Event()  # set while a call waits at the closed gate
+        self.waiting = threading.Event()  # set once a call waits at the closed gate
+        self.calls = 0  # calls received, of any kind
 
     def _pass(self) -> None:
+        self.calls += 1
         if not self.gate.is_set():
             self.waiting.set()
         self.gate.wait()
