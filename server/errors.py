@@ -31,6 +31,7 @@ INVALID_REQUEST = "invalid_request_error"
 AUTHENTICATION = "authentication_error"
 SERVER_ERROR = "server_error"
 RATE_LIMIT = "rate_limit_error"
+CLIENT_CLOSED_REQUEST = 499
 
 
 class APIError(Exception):
@@ -123,7 +124,10 @@ def from_exception(exc: BaseException, retry_after: int = 1) -> APIError:
             code="rate_limit_exceeded",
             headers={"Retry-After": str(seconds)},
         )
-    if isinstance(exc, (EngineUnavailable, Cancelled, ModelLoadError)):
+    if isinstance(exc, Cancelled):
+        # nginx's "client closed request": nobody reads it, but metrics tell it from a 503
+        return APIError(CLIENT_CLOSED_REQUEST, "The client closed the request.")
+    if isinstance(exc, (EngineUnavailable, ModelLoadError)):
         return APIError(503, str(exc) or "The engine is unavailable.", type=SERVER_ERROR)
     if isinstance(exc, EngineFailure):
         return APIError(500, "The engine failed while transcribing.", type=SERVER_ERROR)

@@ -431,5 +431,7 @@ async def test_client_disconnect_cancels_remaining_work(model):
             await anyio.sleep(0.3)  # the watcher sees the disconnect and sets the cancel flag
             backend.gate.set()
         assert backend.calls == calls_before[0]  # detection finished; no window was decoded
+        starts = [m for m in sent if m["type"] == "http.response.start"]
+        assert [m["status"] for m in starts] == [499]
         metrics = app.state.metrics.exposition()[0].decode()
         assert "whisper_requests_cancelled_total 1.0" in metrics
