@@ -1,4 +1,6 @@
-"""The response formatters, value by value; subtitles are read back with real parsers."""
+"""The bodies the server sends, value by value (subtitles read back with real parsers): the
+OpenAI formats as written by whisper_engine.output_formats, their media types, SSE events and
+the stream's text deltas."""
 
 from __future__ import annotations
 
@@ -10,18 +12,14 @@ import pytest
 import srt
 import webvtt
 
-from server.formats import (
-    format_json,
-    format_srt,
-    format_text,
-    format_verbose_json,
-    format_vtt,
-    render,
-    text_delta_event,
-    text_done_event,
-    usage,
-)
+from server.formats import render, text_delta_event, text_done_event
 from server.streaming import TextDeltas
+from whisper_engine.output_formats import to_json as format_json
+from whisper_engine.output_formats import to_srt as format_srt
+from whisper_engine.output_formats import to_text as format_text
+from whisper_engine.output_formats import to_verbose_json as format_verbose_json
+from whisper_engine.output_formats import to_vtt as format_vtt
+from whisper_engine.output_formats import usage
 from whisper_engine.results import Segment, TokenLogprob, Transcription, Word
 
 
