@@ -89,12 +89,15 @@ class GatedBackend:
         self.gate.set()
         self.waiting = threading.Event()  # set once a call waits at the closed gate
         self.calls = 0  # calls received, of any kind
+        self.failure: Exception | None = None  # raised by every call while set
 
     def _pass(self) -> None:
         self.calls += 1
         if not self.gate.is_set():
             self.waiting.set()
         self.gate.wait()
+        if self.failure is not None:
+            raise self.failure
 
     def generate(self, requests: Sequence[WindowRequest]) -> list[WindowOutput]:
         self._pass()

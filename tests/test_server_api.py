@@ -95,12 +95,16 @@ async def test_subtitles(client, response_format):
     )
     assert response.status_code == 200
     if response_format == "srt":
-        cues = [(c.start.total_seconds(), c.end.total_seconds(), c.content)
-                for c in srt.parse(response.text)]  # fmt: skip
+        cues = [
+            (c.start.total_seconds(), c.end.total_seconds(), c.content)
+            for c in srt.parse(response.text)
+        ]
     else:
         assert response.text.startswith("WEBVTT\n")
-        cues = [(c.start_in_seconds, c.end_in_seconds, c.text)
-                for c in webvtt.from_string(response.text).captions]  # fmt: skip
+        cues = [
+            (c.start_in_seconds, c.end_in_seconds, c.text)
+            for c in webvtt.from_string(response.text).captions
+        ]
     assert cues
     assert all(0 <= start < end <= 11.01 for start, end, _ in cues)
     assert [start for start, _, _ in cues] == sorted(start for start, _, _ in cues)
@@ -125,9 +129,17 @@ async def test_verbose_json_with_words_on_librivox(client):
     for index, segment in enumerate(body["segments"]):
         assert segment["id"] == index
         assert type(segment["seek"]) is int
-        assert all(type(segment[key]) is float for key in
-                   ("start", "end", "temperature", "avg_logprob", "compression_ratio",
-                    "no_speech_prob"))  # fmt: skip
+        assert all(
+            type(segment[key]) is float
+            for key in (
+                "start",
+                "end",
+                "temperature",
+                "avg_logprob",
+                "compression_ratio",
+                "no_speech_prob",
+            )
+        )
         assert 0 <= segment["start"] < segment["end"] <= body["duration"] + 0.01
         assert segment["tokens"] and all(type(t) is int for t in segment["tokens"])
         assert 0.0 <= segment["no_speech_prob"] <= 1.0 and segment["avg_logprob"] <= 0.0
@@ -175,8 +187,9 @@ async def test_translation_is_english(client):
 
 @pytest.mark.anyio
 async def test_streaming_deltas_join_to_the_non_streamed_text(client, jfk_json):
-    response = await client.post(TRANSCRIPTIONS, **audio_upload(JFK, model="whisper-1",
-                                                                stream="true"))  # fmt: skip
+    response = await client.post(
+        TRANSCRIPTIONS, **audio_upload(JFK, model="whisper-1", stream="true")
+    )
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     events = [
@@ -252,16 +265,21 @@ async def test_not_ready_before_startup(model):
         ({"temperature": "-0.1"}, "temperature"),
         ({"temperature": "warm"}, "temperature"),
         ({"timestamp_granularities[]": "word"}, "timestamp_granularities"),
-        ({"timestamp_granularities": "segment", "response_format": "srt"},
-         "timestamp_granularities"),
-        ({"timestamp_granularities[]": "sentence", "response_format": "verbose_json"},
-         "timestamp_granularities"),
+        (
+            {"timestamp_granularities": "segment", "response_format": "srt"},
+            "timestamp_granularities",
+        ),
+        (
+            {"timestamp_granularities[]": "sentence", "response_format": "verbose_json"},
+            "timestamp_granularities",
+        ),
         ({"stream": "maybe"}, "stream"),
     ],
-)  # fmt: skip
+)
 async def test_bad_field_is_400_naming_it(client, fields, param):
-    response = await client.post(TRANSCRIPTIONS, **audio_upload(LIBRIVOX, model="whisper-1",
-                                                                **fields))  # fmt: skip
+    response = await client.post(
+        TRANSCRIPTIONS, **audio_upload(LIBRIVOX, model="whisper-1", **fields)
+    )
     error = assert_openai_error(response, 400, param)
     assert error["type"] == "invalid_request_error"
 
@@ -311,8 +329,9 @@ async def test_upload_over_the_limit_is_413(model):
     limits = LimitSettings(max_upload_bytes=50_000)
     async with running_app(Settings(limits=limits, engine=NO_WARMUP), model) as http:
         just_over = JFK.read_bytes()[:50_001]  # over the file limit, under the body slack
-        response = await http.post(TRANSCRIPTIONS, data={"model": "whisper-1"},
-                                   files={"file": ("a.wav", just_over)})  # fmt: skip
+        response = await http.post(
+            TRANSCRIPTIONS, data={"model": "whisper-1"}, files={"file": ("a.wav", just_over)}
+        )
         assert assert_openai_error(response, 413, "file")["code"] == "file_too_large"
         response = await http.post(TRANSCRIPTIONS, **audio_upload(JFK, model="whisper-1"))
         assert_openai_error(response, 413, "file")  # refused from Content-Length
@@ -335,13 +354,47 @@ async def test_upload_over_the_limit_is_413(model):
 
 
 @pytest.mark.anyio
+async def test_audio_over_the_duration_limit_is_400(model):
+    limits = LimitSettings(max_audio_seconds=5)
+    async with running_app(Settings(limits=limits, engine=NO_WARMUP), model) as http:
+        response = await http.post(TRANSCRIPTIONS, **audio_upload(JFK, model="whisper-1"))
+        assert_openai_error(response, 400, "file")
+
+
+@pytest.mark.anyio
+async def test_engine_failure_is_500_without_internals_then_recovers(model):
+    gated = GatedModel.around(model)
+    async with running_app(Settings(engine=NO_WARMUP), gated) as http:
+        upload = audio_upload(LIBRIVOX, model="whisper-1", language="en", response_format="text")
+        gated.backend.failure = RuntimeError("CUDA error: an illegal memory access at 0xdead")
+        failed = await http.post(TRANSCRIPTIONS, **upload)
+        error = assert_openai_error(failed, 500)
+        assert error["type"] == "server_error" and "0xdead" not in error["message"]
+        streamed = await http.post(
+            TRANSCRIPTIONS, **{**upload, "data": {**upload["data"], "stream": "true"}}
+        )
+        assert streamed.status_code == 200  # the stream had started: the error is an event
+        event = json.loads(streamed.text.strip().removeprefix("data: "))
+        assert event["type"] == "error" and event["error"]["type"] == "server_error"
+        gated.backend.failure = None
+        recovered = await http.post(TRANSCRIPTIONS, **upload)
+        assert recovered.status_code == 200
+        assert word_error_rate(reference_text(LIBRIVOX), recovered.text) <= 0.15
+        metrics = (await http.get("/metrics")).text
+        assert 'whisper_engine_errors_total{kind="EngineFailure"} 2.0' in metrics
+
+
+@pytest.mark.anyio
 async def test_api_keys(model):
     settings = Settings(api_keys=["k1", "k2"], engine=NO_WARMUP)
     async with running_app(settings, model) as http:
         missing = await http.get("/v1/models")
         assert assert_openai_error(missing, 401)["code"] == "invalid_api_key"
-        wrong = await http.post(TRANSCRIPTIONS, headers={"Authorization": "Bearer nope"},
-                                **audio_upload(LIBRIVOX, model="whisper-1"))  # fmt: skip
+        wrong = await http.post(
+            TRANSCRIPTIONS,
+            headers={"Authorization": "Bearer nope"},
+            **audio_upload(LIBRIVOX, model="whisper-1"),
+        )
         assert assert_openai_error(wrong, 401)["code"] == "invalid_api_key"
         good = await http.get("/v1/models", headers={"Authorization": "Bearer k2"})
         assert good.status_code == 200
@@ -397,8 +450,9 @@ async def test_client_disconnect_cancels_remaining_work(model):
     """Raw ASGI: the body arrives, then the client goes away while the engine works."""
     gated = GatedModel.around(model)
     app = create_app(Settings(engine=NO_WARMUP), model=gated)
-    request = httpx.Request("POST", "http://t" + TRANSCRIPTIONS,
-                            **audio_upload(JFK, model="whisper-1"))  # fmt: skip
+    request = httpx.Request(
+        "POST", "http://t" + TRANSCRIPTIONS, **audio_upload(JFK, model="whisper-1")
+    )
     body = request.read()
     disconnected = anyio.Event()
     sent: list[dict] = []
@@ -414,11 +468,19 @@ async def test_client_disconnect_cancels_remaining_work(model):
         sent.append(message)
 
     scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": TRANSCRIPTIONS, "raw_path": TRANSCRIPTIONS.encode(),
-        "query_string": b"", "root_path": "", "server": ("t", 80), "client": ("c", 1),
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": TRANSCRIPTIONS,
+        "raw_path": TRANSCRIPTIONS.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "server": ("t", 80),
+        "client": ("c", 1),
         "headers": [(k.lower().encode(), v.encode()) for k, v in request.headers.items()],
-    }  # fmt: skip
+    }
     async with app.router.lifespan_context(app):
         backend = gated.backend
         calls_before: list[int] = []

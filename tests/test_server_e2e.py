@@ -211,3 +211,33 @@ def test_curl(base_url):
     body = json.loads(completed.stdout)
     assert word_error_rate(reference_text(JFK), body["text"]) <= 0.05
     assert body["usage"] == {"type": "duration", "seconds": 11}
+
+
+def test_engine_config_command_prints_trtllm_arguments():
+    completed = subprocess.run(
+        [sys.executable, "-m", "server", "engine-config", "--format", "json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert completed.returncode == 0, completed.stderr
+    args = json.loads(completed.stdout)
+    assert args["max_input_len"] == 1500  # whisper-base's max_source_positions
+    assert args["kv_cache_config"]["enable_block_reuse"] is False
+
+
+def test_invalid_settings_exit_with_a_message():
+    completed = subprocess.run(
+        [sys.executable, "-m", "server", "--port", "70000"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert completed.returncode == 2
+    assert "port" in completed.stderr and "Traceback" not in completed.stderr
