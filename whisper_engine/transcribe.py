@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -23,10 +23,15 @@ from whisper_engine.options import TranscribeOptions
 from whisper_engine.results import Segment, TokenLogprob, Transcription, Word
 from whisper_engine.segments import RawSegment, split_segments
 from whisper_engine.tokenizer import WhisperTokenizer
-from whisper_engine.windows import Window, plan_windows
+from whisper_engine.windows import SpeechMap, Window, plan_windows
 
 MEL_HOP = 160  # samples per mel frame: a segment's ``seek`` is in these units
 AUDIO_FRAME = 320  # samples per encoder frame (20 ms)
+# Whisper leaves out an utterance it believes the window's end cuts off. Windows end at quiet
+# moments, so such a left-out utterance lies whole between the last segment and the window's
+# end: that tail is decoded again as a window of its own when it is long enough to hold one.
+MIN_TAIL_SECONDS = 1.0
+MAX_TAIL_ROUNDS = 2
 
 
 @dataclass(frozen=True)
@@ -141,18 +146,19 @@ class TranscriptionStream:
         segments: list[Segment] = []
         logprobs: list[TokenLogprob] = []
         size = self._batch_windows or max(1, len(windows))
+        speech = SpeechMap.of(self._audio)
         for first in range(0, len(windows), size):
             self._check_cancel()
             batch = windows[first : first + size]
-            plans = [
-                WindowPlan(self._audio[w.start : w.end], prompt, seed=first + i)
-                for i, w in enumerate(batch)
+            decoded = self._decode_with_tails(batch, prompt, speech, language.code, first)
+            decoded.sort(key=lambda item: item[0].start)
+            new = [
+                replace(segment, id=len(segments) + i)
+                for i, segment in enumerate(s for _, _, pieces in decoded for s in pieces)
             ]
-            decoded = t.decoder.decode(plans, options)
-            new = self._window_segments(batch, plans, decoded, language.code, len(segments))
-            for window in decoded:
-                if options.token_logprobs and not is_silence(window, options):
-                    logprobs.extend(self._token_logprobs(window))
+            if options.token_logprobs:
+                for _, result, _ in decoded:
+                    logprobs.extend(self._token_logprobs(result))
             segments.extend(new)
             self.seconds_done = batch[-1].end / SAMPLE_RATE
             yield from new
@@ -166,29 +172,56 @@ class TranscriptionStream:
             logprobs=tuple(logprobs),
         )
 
-    def _window_segments(
+    def _decode_with_tails(
         self,
         windows: list[Window],
-        plans: list[WindowPlan],
-        decoded: list[DecodedWindow],
+        prompt: tuple[int, ...],
+        speech: SpeechMap,
         language: str,
-        first_id: int,
-    ) -> list[Segment]:
+        seed: int,
+    ) -> list[tuple[Window, DecodedWindow, list[Segment]]]:
+        """Every window that holds speech, decoded, with the tails it left out decoded too."""
         t, options = self._t, self._options
-        timed_words = self._align(plans, decoded, language) if options.word_timestamps else None
-        segments: list[Segment] = []
-        for index, (window, result) in enumerate(zip(windows, decoded, strict=True)):
-            if is_silence(result, options):
-                continue
-            raw = split_segments(result.output.token_ids, t.rules.timestamp_begin, window.seconds)
-            words = timed_words[index] if timed_words is not None else []
-            for piece, piece_words in zip(raw, _words_per_segment(raw, words), strict=True):
-                text = t.tokenizer.decode(piece.text_tokens)
-                if not text.strip():
+        done: list[tuple[Window, DecodedWindow, list[Segment]]] = []
+        pending = [w for w in windows if speech.has_speech(w.start, w.end)]
+        for round_number in range(MAX_TAIL_ROUNDS + 1):
+            if not pending:
+                break
+            self._check_cancel()
+            plans = [
+                WindowPlan(self._audio[w.start : w.end], prompt, seed=seed + i)
+                for i, w in enumerate(pending)
+            ]
+            decoded = t.decoder.decode(plans, options)
+            words = (
+                self._align(plans, decoded, language)
+                if options.word_timestamps
+                else [[] for _ in plans]
+            )
+            tails = []
+            for window, result, window_words in zip(pending, decoded, words, strict=True):
+                if is_silence(result, options):
                     continue
-                segments.append(
-                    _segment(first_id + len(segments), window, piece, text, result, piece_words)
+                raw = split_segments(
+                    result.output.token_ids, t.rules.timestamp_begin, window.seconds
                 )
+                done.append(
+                    (window, result, self._window_segments(window, raw, result, window_words))
+                )
+                tail = _left_out_tail(window, raw, speech)
+                if tail is not None and round_number < MAX_TAIL_ROUNDS:
+                    tails.append(tail)
+            pending = tails
+        return done
+
+    def _window_segments(
+        self, window: Window, raw: list[RawSegment], result: DecodedWindow, words: list[Word]
+    ) -> list[Segment]:
+        segments = []
+        for piece, piece_words in zip(raw, _words_per_segment(raw, words), strict=True):
+            text = self._t.tokenizer.decode(piece.text_tokens)
+            if text.strip():
+                segments.append(_segment(0, window, piece, text, result, piece_words))
         return segments
 
     def _align(
@@ -224,6 +257,16 @@ class TranscriptionStream:
             for tok, lp in zip(window.output.token_ids, window.output.logprobs, strict=True)
             if tok < eot
         ]
+
+
+def _left_out_tail(window: Window, raw: list[RawSegment], speech: SpeechMap) -> Window | None:
+    """The end of the window after its last segment, when it is long and holds speech."""
+    if not raw:
+        return None
+    start = window.start + int(raw[-1].end * SAMPLE_RATE)
+    if (window.end - start) / SAMPLE_RATE < MIN_TAIL_SECONDS:
+        return None
+    return Window(start, window.end) if speech.has_speech(start, window.end) else None
 
 
 def _words_per_segment(raw: list[RawSegment], words: list[Word]) -> list[list[Word]]:

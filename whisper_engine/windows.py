@@ -63,3 +63,25 @@ def _quietest_cut(energy: np.ndarray, lo: int, hi: int) -> int:
     region = energy[first:last]
     quietest = len(region) - 1 - int(np.argmin(region[::-1]))
     return min((first + quietest) * FRAME + FRAME // 2, hi)
+
+
+# A stretch whose loudest 100 ms is 30 dB below the recording's loud parts holds no speech.
+SILENCE_RATIO = 1e-3
+
+
+@dataclass(frozen=True)
+class SpeechMap:
+    """Where the recording is loud enough to hold speech, by 20 ms frame."""
+
+    energy: np.ndarray
+    loud: float  # the power of the recording's loud frames (99th percentile)
+
+    @classmethod
+    def of(cls, audio: np.ndarray) -> SpeechMap:
+        energy = _smoothed_frame_energy(audio)
+        loud = float(np.percentile(energy, 99)) if len(energy) else 0.0
+        return cls(energy, loud)
+
+    def has_speech(self, start: int, end: int) -> bool:
+        region = self.energy[start // FRAME : max(start // FRAME + 1, end // FRAME)]
+        return self.loud > 0 and len(region) > 0 and float(region.max()) > self.loud * SILENCE_RATIO
