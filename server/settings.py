@@ -33,26 +33,26 @@ NameList = Annotated[list[str], NoDecode]  # "a,b" or '["a", "b"]' in the enviro
 class LimitSettings(BaseModel):
     """What one request may ask for, and how much work the server takes on at once."""
 
-    max_upload_bytes: int = Field(26_214_400, ge=1)
+    max_upload_bytes: int = Field(default=26_214_400, ge=1)
     """Largest accepted upload, in bytes (OpenAI's limit is 25 MiB). Larger: 413."""
 
-    max_audio_seconds: float = Field(3 * 3600.0, gt=0)
+    max_audio_seconds: float = Field(default=3 * 3600.0, gt=0)
     """Longest accepted audio after decoding, in seconds. Longer: 400."""
 
-    max_concurrent_requests: int = Field(8, ge=1)
+    max_concurrent_requests: int = Field(default=8, ge=1)
     """Transcriptions decoding audio or running on the engine at the same time."""
 
-    max_queued_requests: int = Field(64, ge=0)
+    max_queued_requests: int = Field(default=64, ge=0)
     """Transcriptions waiting for a free slot; one more is refused with 429 and Retry-After."""
 
-    retry_after_seconds: int = Field(1, ge=0)
+    retry_after_seconds: int = Field(default=1, ge=0)
     """The Retry-After value sent with 429."""
 
 
 class EngineSettings(BaseModel):
     """How the engine batches work."""
 
-    max_batch_windows: int = Field(16, ge=1)
+    max_batch_windows: int = Field(default=16, ge=1)
     """Most 30 s windows (of any requests) decoded together in one forward pass."""
 
     warmup: bool = True
@@ -69,19 +69,19 @@ class Settings(BaseSettings):
         validate_default=True,
     )
 
-    host: str = Field("127.0.0.1", min_length=1)
+    host: str = Field(default="127.0.0.1", min_length=1)
     """Address to listen on; 0.0.0.0 to accept connections from other machines."""
 
-    port: int = Field(8000, ge=0, le=65535)
+    port: int = Field(default=8000, ge=0, le=65535)
     """TCP port to listen on."""
 
-    model: str | None = Field(None, min_length=1)
+    model: str | None = Field(default=None, min_length=1)
     """A Hugging Face model id or local checkpoint directory; None: the embedded whisper-base."""
 
     backend: Literal["auto", "torch", "trtllm"] = "auto"
     """Which engine decodes: TensorRT-LLM, PyTorch, or auto (TensorRT-LLM when usable)."""
 
-    device: str | None = Field(None, pattern=r"^(cpu|cuda(:\d+)?)$")
+    device: str | None = Field(default=None, pattern=r"^(cpu|cuda(:\d+)?)$")
     """cpu, cuda or cuda:N; None: a GPU when one is present, else the CPU."""
 
     served_model_name: NameList = Field(default_factory=lambda: [OPENAI_MODEL_ALIAS])

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -104,17 +105,17 @@ class _Worker:
             if isinstance(job, _LogprobJob):
                 logprob_groups.setdefault((job.prompt_ids, job.candidates), []).append(job)
         for (prompt_ids, candidates), jobs in logprob_groups.items():
-            _resolve(
-                jobs,
-                lambda jobs=jobs, prompt_ids=prompt_ids, candidates=candidates: list(
-                    self.backend.next_token_logprobs(
-                        [job.audio for job in jobs], prompt_ids, candidates
-                    )
-                ),
-            )
+            _resolve(jobs, partial(self._logprob_rows, jobs, prompt_ids, candidates))
         alignment = [job for job in batch if isinstance(job, _AlignmentJob)]
         if alignment:
             _resolve(alignment, lambda: self._alignment_weights(alignment))
+
+    def _logprob_rows(
+        self, jobs: list[_LogprobJob], prompt_ids: tuple[int, ...], candidates: tuple[int, ...]
+    ) -> list[np.ndarray]:
+        return list(
+            self.backend.next_token_logprobs([j.audio for j in jobs], prompt_ids, candidates)
+        )
 
     def _alignment_weights(self, jobs: list[_AlignmentJob]) -> list[np.ndarray | None]:
         weights = self.backend.alignment_weights([job.request for job in jobs])
