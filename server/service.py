@@ -56,8 +56,6 @@ class TranscriptionService:
             raise model_not_found(name)
 
     async def decode_upload(self, upload: UploadFile) -> np.ndarray:
-        if not upload.size:
-            raise APIError(400, "The audio file is empty.", param="file")
         await upload.seek(0)
         return await anyio.to_thread.run_sync(
             lambda: decode_audio(upload.file, max_seconds=self.max_audio_seconds)
@@ -67,7 +65,7 @@ class TranscriptionService:
         self, upload: UploadFile, options: TranscribeOptions, receive: Receive
     ) -> Transcription:
         """Decode and transcribe in worker threads; stop early if the client disconnects."""
-        await self._admit()
+        await self._admit(upload)
         try:
             audio = await self.decode_upload(upload)
             cancel = threading.Event()
@@ -92,7 +90,7 @@ class TranscriptionService:
     ) -> tuple[AsyncIterator[str], Callable[[], None]]:
         """Admit and decode now (so errors are still plain HTTP errors), then return the SSE
         events and the release callback the response must call once it is done."""
-        await self._admit()
+        await self._admit(upload)
         try:
             audio = await self.decode_upload(upload)
         except BaseException:
@@ -128,8 +126,11 @@ class TranscriptionService:
                 self.metrics.cancelled.inc()
             cancel.set()  # a client that went away stops the remaining windows
 
-    async def _admit(self) -> None:
+    async def _admit(self, upload: UploadFile) -> None:
+        """Refuse what needs no slot to refuse, then wait for a slot (429 when none is near)."""
         self.require_ready()
+        if not upload.size:
+            raise APIError(400, "The audio file is empty.", param="file")
         try:
             await self.admission.acquire()
         except WhisperEngineError:
