@@ -122,20 +122,38 @@ def test_progress_bar_for_the_long_file_only(text_run: Run) -> None:
     assert "jfk.wav" not in text_run.stderr
 
 
-# --- verbose_json with words ---------------------------------------------------------------
+# --- translation as verbose_json with words, two files: JSON Lines --------------------------
 
 
 @pytest.fixture(scope="module")
-def verbose() -> dict:
-    run = transcribe(SPEECH / "jfk.wav", "--format", "verbose_json", "--word-timestamps")
+def translated() -> list[dict]:
+    """Spanish synthetic speech and English speech, translated: one document per line."""
+    run = transcribe(
+        SPEECH / "espeak-es.wav",
+        SPEECH / "jfk.wav",
+        "--task",
+        "translate",
+        "--format",
+        "verbose_json",
+        "--word-timestamps",
+    )
     assert run.returncode == 0, run.stderr
-    lines = run.stdout.splitlines()
-    assert len(lines) == 1
-    return json.loads(lines[0])
+    documents = [json.loads(line) for line in run.stdout.splitlines()]
+    assert len(documents) == 2
+    return documents
 
 
-def test_verbose_json_fields_are_typed_and_real(verbose: dict) -> None:
-    assert verbose["task"] == "transcribe"
+def test_translate_gives_english(translated: list[dict]) -> None:
+    spanish = translated[0]
+    assert spanish["task"] == "translate"
+    assert spanish["language"] == "spanish"
+    assert {"music", "coffee"} & set(normalize(spanish["text"]).split()), spanish["text"]
+    assert "música" not in spanish["text"].lower()
+
+
+def test_verbose_json_fields_are_typed_and_real(translated: list[dict]) -> None:
+    verbose = translated[1]
+    assert verbose["task"] == "translate"
     assert verbose["language"] == "english"
     assert isinstance(verbose["duration"], float)
     assert verbose["duration"] == pytest.approx(11.0, abs=0.05)
@@ -151,9 +169,11 @@ def test_verbose_json_fields_are_typed_and_real(verbose: dict) -> None:
         assert 0 <= segment["no_speech_prob"] <= 1
     assert [s["id"] for s in verbose["segments"]] == list(range(len(verbose["segments"])))
     assert "".join(s["text"] for s in verbose["segments"]).strip() == verbose["text"]
+    assert verbose["usage"] == {"type": "duration", "seconds": 11}
 
 
-def test_word_timestamps_increase_and_spell_the_text(verbose: dict) -> None:
+def test_word_timestamps_increase_and_spell_the_text(translated: list[dict]) -> None:
+    verbose = translated[1]
     words = verbose["words"]
     assert len(words) >= 20
     assert JFK_PHRASE in normalize("".join(w["word"] for w in words))
@@ -187,22 +207,6 @@ def test_vtt_parses_with_real_cues() -> None:
     assert all(c.start_in_seconds <= c.end_in_seconds < 4 for c in captions)
     assert captions[-1].end_in_seconds > 1
     assert "ill disposed young man" in normalize(" ".join(c.text for c in captions))
-
-
-# --- translation, JSON Lines ----------------------------------------------------------------
-
-
-def test_translate_gives_english_json_lines_one_per_file() -> None:
-    files = [SPEECH / "espeak-es.wav", SPEECH / "librivox-0880.wav"]
-    run = transcribe(*files, "--task", "translate", "--format", "json")
-    assert run.returncode == 0, run.stderr
-    documents = [json.loads(line) for line in run.stdout.splitlines()]
-    assert len(documents) == 2
-    spanish, english = (d["text"] for d in documents)
-    assert {"music", "coffee"} & set(normalize(spanish).split()), spanish
-    assert "música" not in spanish.lower()
-    assert "young man" in normalize(english)
-    assert all(d["usage"]["type"] == "duration" for d in documents)
 
 
 # --- bad input: one line, no traceback, no model needed --------------------------------------
