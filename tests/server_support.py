@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -10,31 +9,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import jiwer
 import numpy as np
-from whisper_normalizer.english import EnglishTextNormalizer
+from speech import SPEECH_DIR, clips, wer
 
 from server.app import create_app
 from server.settings import Settings
 from whisper_engine.backends.base import AlignmentRequest, Backend, WindowOutput, WindowRequest
 from whisper_engine.model import WhisperModel
 
-SPEECH_DIR = Path(__file__).parent / "data" / "speech"
 JFK = SPEECH_DIR / "jfk.wav"
-SHORT_CLIP = SPEECH_DIR / "librivox-0880.wav"  # 3 s: "he was not an ill disposed young man"
-
-_normalize = EnglishTextNormalizer()
 
 
 def reference_text(path: Path) -> str:
-    with open(SPEECH_DIR / "transcripts.tsv", encoding="utf-8") as table:
-        rows = {row["file"]: row["reference"] for row in csv.DictReader(table, delimiter="\t")}
-    return rows[path.name]
+    return {clip.name: clip.reference for clip in clips()}[path.name]
 
 
 def word_error_rate(reference: str, hypothesis: str) -> float:
     """WER after Whisper's English normalisation (case, punctuation, spellings)."""
-    return float(jiwer.wer(_normalize(reference), _normalize(hypothesis)))
+    return wer(reference, hypothesis)
 
 
 @asynccontextmanager

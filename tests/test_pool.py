@@ -6,12 +6,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-import jiwer
 import numpy as np
 import pytest
-from whisper_normalizer.english import EnglishTextNormalizer
+from speech import SPEECH_DIR
+from speech import wer as word_error_rate
 
 from whisper_engine.audio import decode_audio
 from whisper_engine.backends.base import Backend, WindowOutput, WindowRequest
@@ -20,7 +19,6 @@ from whisper_engine.errors import EngineFailure, EngineUnavailable
 from whisper_engine.model import WhisperModel, load_model
 from whisper_engine.pool import EnginePool
 
-SPEECH_DIR = Path(__file__).parent / "data" / "speech"
 JFK = SPEECH_DIR / "jfk.wav"
 MAX_NEW_TOKENS = 40
 CLIPS = {  # file -> what the speaker says (no timestamps asked: text tokens only)
@@ -81,13 +79,6 @@ class RecordingBackend:
 
     def close(self) -> None:
         self.closed = True
-
-
-_normalize = EnglishTextNormalizer()
-
-
-def word_error_rate(reference: str, hypothesis: str) -> float:
-    return float(jiwer.wer(_normalize(reference), _normalize(hypothesis)))
 
 
 def _text(model: WhisperModel, output: WindowOutput) -> str:
