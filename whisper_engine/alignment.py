@@ -105,7 +105,22 @@ def align_words(
         end = float(jump_times[min(hi, len(jump_times) - 1)])
         probability = float(np.mean(text_probs[lo:hi])) if hi > lo else 0.0
         timed.append(TimedWord(word, tuple(tokens), start, max(end, start), probability))
-    return _merge_punctuation(timed)
+    return _trim_leading_silence(_merge_punctuation(timed))
+
+
+def _trim_leading_silence(words: list[TimedWord]) -> list[TimedWord]:
+    """The path starts at frame 0, so a window that opens with silence stretches its first
+    word over it. As openai-whisper does, cap the first word at twice the median word length
+    (at most 1.4 s) by moving its start."""
+    durations = [w.end - w.start for w in words if w.end > w.start]
+    if not durations:
+        return words
+    longest = 2 * min(0.7, float(np.median(durations)))
+    first = words[0]
+    if first.end - first.start <= longest:
+        return words
+    trimmed = TimedWord(first.word, first.tokens, first.end - longest, first.end, first.probability)
+    return [trimmed, *words[1:]]
 
 
 def _merge_punctuation(words: list[TimedWord]) -> list[TimedWord]:
