@@ -53,6 +53,11 @@ class GatedModel:
     tokenizer: object
     backend: GatedBackend
     config: dict
+    real: WhisperModel | None = None
+
+    def aligner(self) -> Backend:
+        assert self.real is not None
+        return self.real.aligner()
 
     @property
     def suppress_ids(self) -> tuple[int, ...]:
@@ -66,7 +71,9 @@ class GatedModel:
 
     @classmethod
     def around(cls, model: WhisperModel) -> GatedModel:
-        return cls(model.model_id, model.tokenizer, GatedBackend(model.backend), model.config)
+        return cls(
+            model.model_id, model.tokenizer, GatedBackend(model.backend), model.config, model
+        )
 
 
 class GatedBackend:

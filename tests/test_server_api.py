@@ -4,6 +4,7 @@ format on real speech, streaming, and every bad input of the contract in OpenAI'
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import anyio
 import httpx
@@ -35,11 +36,16 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
-def model() -> WhisperModel:
-    loaded = load_model()
-    yield loaded
-    loaded.close()
+@pytest.fixture(scope="module", params=["torch", "trtllm"])
+def model(request) -> WhisperModel:
+    """Every API test runs on both backends: TensorRT-LLM through the test stand-in of
+    ``tensorrt_llm`` (tests/trtllm_sim), which decodes with the same weights on the CPU."""
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "trtllm":
+            patch.syspath_prepend(str(Path(__file__).parent / "trtllm_sim"))
+        loaded = load_model(backend=request.param)
+        yield loaded
+        loaded.close()
 
 
 @pytest.fixture(scope="module")

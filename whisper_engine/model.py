@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ class WhisperModel:
     tokenizer: WhisperTokenizer
     backend: Backend
     config: dict[str, Any] = field(repr=False)
+    device: str | None = None
+    _aligner: Backend | None = field(default=None, init=False, repr=False)
+    _aligner_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @property
     def suppress_ids(self) -> tuple[int, ...]:
@@ -34,10 +38,33 @@ class WhisperModel:
 
     def transcriber(self, backend: Backend | None = None) -> Transcriber:
         """A transcriber over this model's backend, or over ``backend`` (e.g. a pool of them)."""
-        return Transcriber(self.tokenizer, backend or self.backend, suppress_ids=self.suppress_ids)
+        return Transcriber(
+            self.tokenizer,
+            backend or self.backend,
+            suppress_ids=self.suppress_ids,
+            aligner=self.aligner,
+        )
+
+    def aligner(self) -> Backend:
+        """A backend that can give cross-attention for word timings: the model's own, or, for
+        engines that expose none (TensorRT-LLM), the torch model of the same checkpoint, loaded
+        on first use on the same device."""
+        with self._aligner_lock:
+            if self._aligner is None:
+                from whisper_engine.backends.torch_backend import TorchBackend
+
+                log.info("loading the torch model of %s for word timestamps", self.model_id)
+                self._aligner = TorchBackend(self.checkpoint_dir, device=_torch_device(self.device))
+            return self._aligner
 
     def close(self) -> None:
         self.backend.close()
+        if self._aligner is not None:
+            self._aligner.close()
+
+
+def _torch_device(device: str | None) -> str | None:
+    return device if device is None or device.startswith(("cpu", "cuda")) else None
 
 
 def load_model(
@@ -58,7 +85,9 @@ def load_model(
         "loading %s from %s on the %s backend", model or EMBEDDED_MODEL_ID, checkpoint_dir, chosen
     )
     engine = _start_backend(chosen, checkpoint_dir, tokenizer, device, backend_options)
-    return WhisperModel(model or EMBEDDED_MODEL_ID, checkpoint_dir, tokenizer, engine, config)
+    return WhisperModel(
+        model or EMBEDDED_MODEL_ID, checkpoint_dir, tokenizer, engine, config, device=device
+    )
 
 
 def resolve_backend_name(backend: str, device: str | None) -> str:

@@ -50,12 +50,14 @@ class Transcriber:
         *,
         suppress_ids: Sequence[int] = (),
         stream_batch_windows: int = 4,
+        aligner: Callable[[], Backend] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.backend = backend
         self.rules = token_rules(tokenizer, suppress_ids)
         self.decoder = WindowDecoder(backend, tokenizer, self.rules)
         self.stream_batch_windows = stream_batch_windows
+        self.aligner = aligner  # for word timings when ``backend`` gives no cross-attention
 
     def transcribe(
         self,
@@ -235,6 +237,8 @@ class TranscriptionStream:
             for plan, text in zip(plans, texts, strict=True)
         ]
         weights = t.backend.alignment_weights(requests)
+        if weights is None and t.aligner is not None:
+            weights = t.aligner().alignment_weights(requests)
         if weights is None:
             return [[] for _ in plans]
         aligned = []
