@@ -25,7 +25,8 @@ from server.middleware import ApiKeyMiddleware, UploadLimitMiddleware
 from server.routers import audio, models, probes
 from server.service import TranscriptionService
 from server.settings import Settings
-from whisper_engine.backends.base import SAMPLE_RATE
+from whisper_engine.backends.base import SAMPLE_RATE, Backend
+from whisper_engine.backends.devices import engine_devices
 from whisper_engine.model import WhisperModel, load_model
 from whisper_engine.options import TranscribeOptions
 from whisper_engine.pool import EnginePool
@@ -90,8 +91,14 @@ def app_from_env() -> FastAPI:
 async def _serving(
     app: FastAPI, settings: Settings, model: WhisperModel | None, metrics: ServerMetrics
 ) -> AsyncIterator[None]:
-    loaded = model if model is not None else await anyio.to_thread.run_sync(_load, settings)
-    pool = EnginePool([loaded.backend], max_batch_windows=settings.engine.max_batch_windows)
+    devices = engine_devices(settings.device, settings.engine.engines)
+    loaded = model
+    if loaded is None:
+        loaded = await anyio.to_thread.run_sync(_load, settings, devices[0])
+    pool, extra_engines = await anyio.to_thread.run_sync(
+        start_engines, settings, loaded, devices, model is None
+    )
+    app.state.pool = pool
     limits = settings.limits
     admission = AdmissionControl(
         limits.max_concurrent_requests, limits.max_queued_requests, limits.retry_after_seconds
@@ -118,12 +125,37 @@ async def _serving(
         with anyio.move_on_after(DRAIN_SECONDS):
             await admission.wait_idle()
         await anyio.to_thread.run_sync(pool.close)
+        for engine in extra_engines:
+            engine.close()
         if model is None:
             loaded.close()
 
 
-def _load(settings: Settings) -> WhisperModel:
-    return load_model(settings.model, backend=settings.backend, device=settings.device)
+def _load(settings: Settings, device: str | None) -> WhisperModel:
+    return load_model(settings.model, backend=settings.backend, device=device)
+
+
+def start_engines(
+    settings: Settings,
+    model: WhisperModel,
+    devices: list[str | None],
+    restart: bool,
+) -> tuple[EnginePool, list[Backend]]:
+    """A pool over ``model.backend`` and one more engine per further entry of ``devices``.
+    Returns the pool and the engines started here (the caller closes them after the pool).
+    ``restart``: replace an engine that fails with a new one on its device; only for a model
+    the server loaded itself (a model handed in belongs to its caller and stays as it is)."""
+    extra = [model.start_backend(device) for device in devices[1:]]
+
+    def restart_engine(slot: int) -> Backend:
+        return model.start_backend(devices[slot])
+
+    pool = EnginePool(
+        [model.backend, *extra],
+        max_batch_windows=settings.engine.max_batch_windows,
+        factory=restart_engine if restart else None,
+    )
+    return pool, extra
 
 
 def _warm_up(transcriber: Transcriber) -> None:

@@ -55,6 +55,11 @@ class EngineSettings(BaseModel):
     max_batch_windows: int = Field(default=16, ge=1)
     """Most 30 s windows (of any requests) decoded together in one forward pass."""
 
+    engines: int | None = Field(default=None, ge=1)
+    """Engines (model copies) decoding in parallel, over the same checkpoint. None: one per
+    visible CUDA GPU (cuda:0..N-1), or one on the CPU or on a device pinned as cuda:N. More
+    engines than GPUs share the GPUs round-robin. A failed engine is restarted in place."""
+
     warmup: bool = True
     """Decode one second of silence before reporting ready (compiles kernels, fills caches)."""
 

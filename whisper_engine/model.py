@@ -57,6 +57,12 @@ class WhisperModel:
                 self._aligner = TorchBackend(self.checkpoint_dir, device=_torch_device(self.device))
             return self._aligner
 
+    def start_backend(self, device: str | None = None, **backend_options: Any) -> Backend:
+        """One more engine for this checkpoint and tokenizer, on the same kind of backend as
+        ``self.backend``, on ``device`` (e.g. another GPU). The caller owns and closes it."""
+        name = "trtllm" if self.backend.name == "trtllm" else "torch"
+        return _start_backend(name, self.checkpoint_dir, self.tokenizer, device, backend_options)
+
     def close(self) -> None:
         self.backend.close()
         if self._aligner is not None:

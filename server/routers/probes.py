@@ -19,6 +19,9 @@ async def ready(request: Request) -> dict[str, str]:
     service = getattr(request.app.state, "service", None)
     if service is None or not service.ready:
         raise not_ready()
+    pool = getattr(request.app.state, "pool", None)
+    if pool is not None and pool.healthy_engines == 0:  # every engine is restarting
+        raise not_ready()
     return {"status": "ready"}
 
 
