@@ -48,37 +48,62 @@ class TimestampState:
         self.last_timestamp = torch.where(is_timestamp & ~done, chosen, self.last_timestamp)
 
 
+@dataclass(frozen=True)
+class RuleMasks:
+    """The vocabulary masks of one batch, built once instead of at every decoding step."""
+
+    always: torch.Tensor  # [V] bool: never sampled (suppress list, <|notimestamps|>)
+    first: torch.Tensor  # [V] bool: never the first token (adds the begin-suppress list)
+    vocab: torch.Tensor  # [V] long: token ids
+    is_timestamp: torch.Tensor  # [V] bool
+    below_eot: torch.Tensor  # [V] bool: text tokens
+    first_timestamp: torch.Tensor  # [V] bool: not a timestamp allowed as the first token
+
+    @classmethod
+    def build(cls, rules: TokenRules, vocab_size: int, device: str) -> RuleMasks:
+        vocab = torch.arange(vocab_size, device=device)
+        always = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        always[list(rules.suppress_ids)] = True
+        # <|notimestamps|> is only ever part of a prompt
+        always[rules.no_timestamps] = True
+        first = always.clone()
+        first[list(rules.begin_suppress_ids)] = True
+        is_timestamp = vocab >= rules.timestamp_begin
+        # the first token is a timestamp, no later than max_initial_timestamp_index
+        first_timestamp = ~is_timestamp
+        if rules.max_initial_timestamp_index is not None:
+            first_timestamp |= vocab > rules.timestamp_begin + rules.max_initial_timestamp_index
+        return cls(always, first, vocab, is_timestamp, vocab < rules.eot, first_timestamp)
+
+
 def apply_rules(
-    logits: torch.Tensor, rules: TokenRules, state: TimestampState, step: int
+    logits: torch.Tensor, rules: TokenRules, state: TimestampState, step: int, masks: RuleMasks
 ) -> torch.Tensor:
     """A copy of ``logits`` [B, V] with every forbidden token at -inf."""
-    logits = logits.clone()
-    if rules.suppress_ids:
-        logits[:, list(rules.suppress_ids)] = NEG_INF
-    if step == 0 and rules.begin_suppress_ids:
-        logits[:, list(rules.begin_suppress_ids)] = NEG_INF
-    # <|notimestamps|> is only ever part of a prompt
-    logits[:, rules.no_timestamps] = NEG_INF
+    # masked_fill (not in place) is the copy: the caller's logits stay as they were
+    logits = logits.masked_fill(masks.first if step == 0 else masks.always, NEG_INF)
+    if bool(state.enabled.all()):
+        # every row in timestamp mode (the usual case): no second copy to merge
+        return _timestamp_rules(logits, rules, state, step, masks)
     if bool(state.enabled.any()):
-        timestamped = _timestamp_rules(logits, rules, state, step)
+        timestamped = _timestamp_rules(logits.clone(), rules, state, step, masks)
         logits = torch.where(state.enabled[:, None], timestamped, logits)
     return logits
 
 
 def _timestamp_rules(
-    logits: torch.Tensor, rules: TokenRules, state: TimestampState, step: int
+    out: torch.Tensor, rules: TokenRules, state: TimestampState, step: int, masks: RuleMasks
 ) -> torch.Tensor:
+    """``out`` with the timestamp rules applied, in place."""
     begin = rules.timestamp_begin
-    vocab = torch.arange(logits.shape[1], device=logits.device)
-    is_timestamp = vocab >= begin
-    out = logits.clone()
+    vocab, is_timestamp = masks.vocab, masks.is_timestamp
 
     # timestamps come in pairs: after a pair, text must follow; after a lone one, another
     # timestamp or the end
     pair_closed = state.last_was_timestamp & state.penultimate_was_timestamp
     pair_open = state.last_was_timestamp & ~state.penultimate_was_timestamp
     out.masked_fill_(pair_closed[:, None] & is_timestamp[None, :], NEG_INF)
-    out.masked_fill_(pair_open[:, None] & (vocab < rules.eot)[None, :], NEG_INF)
+    out.masked_fill_(pair_open[:, None] & masks.below_eot[None, :], NEG_INF)
 
     # timestamps never go backwards; a new pair must start strictly after the last one
     has_timestamp = state.last_timestamp >= 0
@@ -87,10 +112,7 @@ def _timestamp_rules(
     out.masked_fill_(has_timestamp[:, None] & backwards, NEG_INF)
 
     if step == 0:
-        # the first token is a timestamp, no later than max_initial_timestamp_index
-        out[:, :begin] = NEG_INF
-        if rules.max_initial_timestamp_index is not None:
-            out[:, begin + rules.max_initial_timestamp_index + 1 :] = NEG_INF
+        out.masked_fill_(masks.first_timestamp[None, :], NEG_INF)
 
     # when timestamps together are likelier than any single text token, take a timestamp
     logprobs = torch.log_softmax(out.float(), dim=-1)
