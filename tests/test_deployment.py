@@ -59,6 +59,8 @@ def server_route_paths() -> set[str]:
 
     paths: set[str] = set()
     for module_info in pkgutil.walk_packages(server.__path__, prefix="server."):
+        if module_info.name.endswith(".__main__"):  # importing it would start the server
+            continue
         module = importlib.import_module(module_info.name)
         for value in vars(module).values():
             if isinstance(value, APIRouter | FastAPI):
