@@ -137,8 +137,18 @@ def test_stream_yields_the_same_segments_as_transcribe(transcriber: Transcriber)
     whole = transcriber.transcribe(audio, options)
     stream = transcriber.stream(audio, options, batch_windows=1)
     streamed = list(stream)
-    assert tuple(streamed) == whole.segments
-    assert stream.result == whole
+    # the same tokens, text and times; scores may differ in the last float bits, since the
+    # batch a window is decoded in changes the order of floating-point sums
+    assert [_decoded(s) for s in streamed] == [_decoded(s) for s in whole.segments]
+    for one, other in zip(streamed, whole.segments, strict=True):
+        assert one.avg_logprob == pytest.approx(other.avg_logprob, abs=1e-3)
+        assert one.no_speech_prob == pytest.approx(other.no_speech_prob, abs=1e-3)
+    assert stream.result.text == whole.text
+    assert stream.result.segments == tuple(streamed)
+
+
+def _decoded(segment) -> tuple:
+    return (segment.id, segment.seek, segment.start, segment.end, segment.text, segment.tokens)
 
 
 def test_temperature_fallback_climbs_the_ladder(transcriber: Transcriber) -> None:
