@@ -6,6 +6,7 @@ handful of kernels whatever the batch size, instead of a Python loop over rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,33 @@ class TimestampState:
             penultimate_was_timestamp=torch.ones(size, dtype=torch.bool, device=device),
             last_timestamp=torch.full((size,), -1, dtype=torch.long, device=device),
             timestamp_begin=batch[0].rules.timestamp_begin,
+        )
+
+    @classmethod
+    def of_tokens(
+        cls, generated: Sequence[Sequence[int]], timestamps: bool, timestamp_begin: int, device
+    ) -> TimestampState:
+        """The state after ``generated`` (one token list per row, all of one length): for
+        engines that hand each step the tokens so far instead of keeping state."""
+
+        def is_ts(token: int) -> bool:
+            return token >= timestamp_begin
+
+        return cls(
+            enabled=torch.tensor([timestamps] * len(generated), device=device),
+            last_was_timestamp=torch.tensor(
+                [bool(g) and is_ts(g[-1]) for g in generated], device=device
+            ),
+            penultimate_was_timestamp=torch.tensor(
+                [len(g) < 2 or is_ts(g[-2]) for g in generated], device=device
+            ),
+            last_timestamp=torch.tensor(
+                [next((t for t in reversed(g) if is_ts(t)), -1) for g in generated],
+                dtype=torch.long,
+                device=device,
+            ),
+            timestamp_begin=timestamp_begin,
+            sampled=min((len(g) for g in generated), default=0),
         )
 
     def advance(self, chosen: torch.Tensor, done: torch.Tensor) -> None:

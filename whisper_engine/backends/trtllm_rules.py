@@ -9,23 +9,27 @@ plain picklable callables (the library may run them in its worker process).
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 
 from whisper_engine.backends.base import TokenRules
+from whisper_engine.backends.torch_rules import RuleMasks, TimestampState, apply_rules
 
 NEG_INF = float("-inf")
 
 
 class WhisperTokenRules:
     """Suppressed tokens, blank suppression at the start, and (in timestamp mode)
-    openai-whisper's timestamp rules, for one request whose prompt has ``prompt_len`` tokens."""
+    openai-whisper's timestamp rules, for one request whose prompt has ``prompt_len`` tokens.
+    The rules are the torch backend's own (``torch_rules``), fed the tokens so far."""
 
     def __init__(self, rules: TokenRules, prompt_len: int, timestamps: bool) -> None:
         self.rules = rules
         self.prompt_len = prompt_len
         self.timestamps = timestamps
+        self._masks: RuleMasks | None = None  # built on the first call, on the logits' device
 
     def __call__(
         self,
@@ -35,42 +39,21 @@ class WhisperTokenRules:
         stream_ptr: Any,
         client_id: Any,
     ) -> None:
-        rows = logits.view(-1, logits.shape[-1])
-        for beam, tokens in enumerate(token_ids[: rows.shape[0]]):
-            self.apply(rows[beam], list(tokens[self.prompt_len :]))
+        # the library runs processors on its own CUDA stream and passes it in
+        stream = torch.cuda.ExternalStream(stream_ptr) if stream_ptr is not None else None
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            self.apply(logits.view(-1, logits.shape[-1]), token_ids)
 
-    def apply(self, row: torch.Tensor, generated: list[int]) -> None:
-        rules = self.rules
-        if rules.suppress_ids:
-            row[list(rules.suppress_ids)] = NEG_INF
-        if not generated and rules.begin_suppress_ids:
-            row[list(rules.begin_suppress_ids)] = NEG_INF
-        if self.timestamps:
-            self._timestamp_rules(row, generated)
-
-    def _timestamp_rules(self, row: torch.Tensor, generated: list[int]) -> None:
-        begin = self.rules.timestamp_begin
-        row[self.rules.no_timestamps] = NEG_INF
-        last_was_timestamp = len(generated) >= 1 and generated[-1] >= begin
-        penultimate_was_timestamp = len(generated) < 2 or generated[-2] >= begin
-        if last_was_timestamp:
-            if penultimate_was_timestamp:  # a pair is closed: text must follow
-                row[begin:] = NEG_INF
-            else:  # an open pair: the next is a timestamp or the end
-                row[: self.rules.eot] = NEG_INF
-        timestamps = [t for t in generated if t >= begin]
-        if timestamps:  # never go backwards
-            last = timestamps[-1]
-            if not (last_was_timestamp and not penultimate_was_timestamp):
-                last += 1
-            row[begin:last] = NEG_INF
-        if not generated:  # start with a timestamp, not too far in
-            row[:begin] = NEG_INF
-            row[begin + self.rules.max_initial_timestamp_index + 1 :] = NEG_INF
-        logprobs = torch.log_softmax(row.float(), dim=-1)
-        timestamp_logprob = torch.logsumexp(logprobs[begin:], dim=-1)
-        if timestamp_logprob > logprobs[:begin].max():
-            row[:begin] = NEG_INF
+    def apply(self, rows: torch.Tensor, token_ids: list[list[int]]) -> None:
+        """Edit ``rows`` [beams, V] in place, given each beam's tokens (prompt included)."""
+        generated = [list(tokens[self.prompt_len :]) for tokens in token_ids[: rows.shape[0]]]
+        if self._masks is None:
+            self._masks = RuleMasks.build(self.rules, rows.shape[-1], rows.device)
+        state = TimestampState.of_tokens(
+            generated, self.timestamps, self.rules.timestamp_begin, rows.device
+        )
+        step = len(generated[0]) if generated else 0
+        rows.copy_(apply_rules(rows, self.rules, state, step, self._masks))
 
 
 class KeepOnly:
