@@ -233,6 +233,7 @@ class TorchBackend:
         logprobs = torch.zeros((size, steps), device=self.device)
         eot_logprob = torch.zeros(size, device=self.device)
         done = torch.zeros(size, dtype=torch.bool, device=self.device)
+        rows = torch.arange(size, device=self.device)  # the batch row of each decoding row
         for step in range(steps):
             filtered = apply_rules(next_logits, rules, state, step, masks)
             step_logprobs = torch.log_softmax(filtered, dim=-1)
@@ -240,17 +241,31 @@ class TorchBackend:
             chosen = torch.where(done, torch.full_like(chosen, rules.eot), chosen)
             chosen_logprob = step_logprobs.gather(1, chosen[:, None])[:, 0]
             ends = (chosen == rules.eot) & ~done
-            eot_logprob = torch.where(ends, chosen_logprob, eot_logprob)
-            tokens[:, step] = chosen
-            logprobs[:, step] = torch.where(done | ends, 0.0, chosen_logprob)
+            eot_logprob[rows] = torch.where(ends, chosen_logprob, eot_logprob[rows])
+            tokens[rows, step] = chosen
+            logprobs[rows, step] = torch.where(done | ends, 0.0, chosen_logprob)
             done = done | ends | (step + 1 >= limit)
             state.advance(chosen, done)
             if bool(done.all()):
                 break
+            if _worth_compacting(done):
+                # finished rows would still pay for every step (the cross-attention keys and
+                # values are read in full): drop them from the batch
+                keep = (~done).nonzero()[:, 0]
+                rows, done, limit, chosen = rows[keep], done[keep], limit[keep], chosen[keep]
+                cache = [(k[keep], v[keep]) for k, v in cache]
+                cross = [(k[keep], v[keep]) for k, v in cross]
+                state.select(keep)
+                sampler.select(keep)
             next_logits = self._forward(chosen[:, None], prompt_length + step, cache, cross)[
                 :, -1
             ].float()
         return _window_outputs(tokens, logprobs, eot_logprob, no_speech, rules.eot)
+
+
+def _worth_compacting(done: torch.Tensor) -> bool:
+    """At least a quarter of the rows are finished: copying the rest beats carrying them."""
+    return int(done.sum()) * 4 >= len(done)
 
 
 class _Sampler:
@@ -265,6 +280,11 @@ class _Sampler:
                 generator = torch.Generator(device=device)
                 generator.manual_seed(request.seed if request.seed is not None else 1234 + i)
                 self.generators.append(generator)
+
+    def select(self, keep: torch.Tensor) -> None:
+        self.temperatures = self.temperatures[keep]
+        if self.generators:
+            self.generators = [self.generators[i] for i in keep.tolist()]
 
     def pick(self, logits: torch.Tensor) -> torch.Tensor:
         best = logits.argmax(dim=-1)

@@ -65,6 +65,13 @@ class TimestampState:
             sampled=min((len(g) for g in generated), default=0),
         )
 
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only the rows ``keep`` (finished rows leave the batch)."""
+        self.enabled = self.enabled[keep]
+        self.last_was_timestamp = self.last_was_timestamp[keep]
+        self.penultimate_was_timestamp = self.penultimate_was_timestamp[keep]
+        self.last_timestamp = self.last_timestamp[keep]
+
     def advance(self, chosen: torch.Tensor, done: torch.Tensor) -> None:
         is_timestamp = chosen >= self.timestamp_begin
         self.sampled += 1
