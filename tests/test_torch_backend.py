@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from whisper_engine.backends.base import TokenRules, WindowRequest
-from whisper_engine.backends.torch_backend import _pick_dtype
+from whisper_engine.backends.torch_backend import Precision, pick_precision
 from whisper_engine.backends.torch_rules import RuleMasks, TimestampState, apply_rules
 
 VOCAB = 40
@@ -85,7 +85,10 @@ def test_timestamp_forced_when_timestamps_together_outweigh_text() -> None:
     assert min(_allowed(apply_rules(logits, RULES, state, 1, masks)[0])) >= RULES.timestamp_begin
 
 
-def test_cpu_defaults_to_float32_and_takes_an_explicit_dtype() -> None:
-    # float32 keeps results independent of how windows are batched (see _pick_dtype)
-    assert _pick_dtype("cpu", None) == torch.float32
-    assert _pick_dtype("cpu", "bfloat16") == torch.bfloat16
+def test_precision_defaults_and_explicit_dtype() -> None:
+    # a named dtype is used everywhere
+    assert pick_precision("cpu", "bfloat16") == Precision.uniform(torch.bfloat16)
+    assert pick_precision("cuda", "float32") == Precision.uniform(torch.float32)
+    assert pick_precision("cuda", None) == Precision.uniform(torch.float16)
+    # on a CPU the decoder's layers stay float32, whatever else runs narrower
+    assert pick_precision("cpu", None).weights == torch.float32
