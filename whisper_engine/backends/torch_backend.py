@@ -432,7 +432,8 @@ def _load_model(
         raise ModelLoadError(
             f"Cannot load the Whisper checkpoint at {checkpoint_dir}: {exc}"
         ) from exc
-    model = model.to(device).eval()
+    # transformers types .to() as a decorated method that mypy cannot follow
+    model = model.to(device).eval()  # type: ignore[arg-type]
     for attn in _attention_modules(model):
         # transformers' attention modules keep the head layout as attributes under names
         # that changed between versions; the decode loop needs them under one name

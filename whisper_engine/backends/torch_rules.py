@@ -95,7 +95,7 @@ class RuleMasks:
     first_timestamp: torch.Tensor  # [V] bool: not a timestamp allowed as the first token
 
     @classmethod
-    def build(cls, rules: TokenRules, vocab_size: int, device: str) -> RuleMasks:
+    def build(cls, rules: TokenRules, vocab_size: int, device: str | torch.device) -> RuleMasks:
         vocab = torch.arange(vocab_size, device=device)
         always = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         always[list(rules.suppress_ids)] = True
