@@ -137,12 +137,13 @@ def test_stream_yields_the_same_segments_as_transcribe(transcriber: Transcriber)
     whole = transcriber.transcribe(audio, options)
     stream = transcriber.stream(audio, options, batch_windows=1)
     streamed = list(stream)
-    # the same tokens, text and times; scores may differ in the last float bits, since the
-    # batch a window is decoded in changes the order of floating-point sums
+    # the same tokens, text and times; scores may differ slightly, since the batch a window
+    # is decoded in changes the order of floating-point sums, and on CPUs the vocabulary
+    # projection rounds logits to bfloat16 (steps of 1/8 at logits of 16-32)
     assert [_decoded(s) for s in streamed] == [_decoded(s) for s in whole.segments]
     for one, other in zip(streamed, whole.segments, strict=True):
-        assert one.avg_logprob == pytest.approx(other.avg_logprob, abs=1e-3)
-        assert one.no_speech_prob == pytest.approx(other.no_speech_prob, abs=1e-3)
+        assert one.avg_logprob == pytest.approx(other.avg_logprob, abs=0.02)
+        assert one.no_speech_prob == pytest.approx(other.no_speech_prob, abs=0.02)
     assert stream.result.text == whole.text
     assert stream.result.segments == tuple(streamed)
 

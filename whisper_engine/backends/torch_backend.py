@@ -54,7 +54,9 @@ class TorchBackend:
         quantize_int8: bool = False,
     ) -> None:
         self.device = pick_device(device)
-        self.precision = pick_precision(self.device, dtype)
+        # int8 layers compute in float32 around their int8 weights: no bfloat16 parts then
+        float32 = Precision.uniform(torch.float32)
+        self.precision = float32 if quantize_int8 else pick_precision(self.device, dtype)
         self.dtype = self.precision.weights
         self.max_batch_size = max_batch_size
         self.model = _load_model(Path(checkpoint_dir), self.device, self.dtype, quantize_int8)
@@ -69,6 +71,11 @@ class TorchBackend:
         self._window = torch.hann_window(N_FFT, device=self.device)
         self._alignment_heads = _alignment_heads(self.model)
         self._decoder = self.model.model.decoder
+        for layer in self._decoder.layers:
+            # used only to make the stored cross-attention keys and values: computed in the
+            # format they are stored in
+            layer.encoder_attn.k_proj.to(self.precision.cross_kv)
+            layer.encoder_attn.v_proj.to(self.precision.cross_kv)
         self._vocabulary = self.model.proj_out.weight.to(self.precision.logits)
         # on CPUs, for one query row, two plain products beat the fused attention kernel
         # (3-5x in bfloat16); they also serve keys stored narrower than the decoder. Their
@@ -150,15 +157,14 @@ class TorchBackend:
         return self.model.model.encoder(input_features=features).last_hidden_state
 
     def _cross_kv(self, encoded: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        encoded = encoded.to(self.dtype)
-        stored = self.precision.cross_kv
+        encoded = encoded.to(self.precision.cross_kv)
         kv = []
         for layer in self._decoder.layers:
             attn = layer.encoder_attn
-            key = _heads(attn.k_proj(encoded), attn).to(stored)
+            key = _heads(attn.k_proj(encoded), attn)
             if self._cross_by_products:
                 key = key.transpose(-1, -2).contiguous()
-            kv.append((key, _heads(attn.v_proj(encoded), attn).to(stored)))
+            kv.append((key, _heads(attn.v_proj(encoded), attn)))
         return kv
 
     # ----- decoder -----
