@@ -164,7 +164,8 @@ class TorchBackend:
             key = _heads(attn.k_proj(encoded), attn)
             if self._cross_by_products:
                 key = key.transpose(-1, -2).contiguous()
-            kv.append((key, _heads(attn.v_proj(encoded), attn)))
+            # contiguous: a strided value would be copied again at every decoding step
+            kv.append((key, _heads(attn.v_proj(encoded), attn).contiguous()))
         return kv
 
     # ----- decoder -----
