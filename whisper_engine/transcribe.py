@@ -30,8 +30,13 @@ AUDIO_FRAME = 320  # samples per encoder frame (20 ms)
 # Whisper leaves out an utterance it believes the window's end cuts off. Windows end at quiet
 # moments, so such a left-out utterance lies whole between the last segment and the window's
 # end: that tail is decoded again as a window of its own when it is long enough to hold one.
-MIN_TAIL_SECONDS = 1.0
 MAX_TAIL_ROUNDS = 2
+# Timestamps are coarse (small models often emit whole seconds): the second after the last
+# segment's end may still hold its last syllable. A tail is decoded only when, past that
+# second, it holds at least half a second of speech; decoding a lone syllable makes the
+# model invent a word.
+TAIL_GUARD_SECONDS = 1.0
+MIN_TAIL_SPEECH_SECONDS = 0.5
 
 
 @dataclass(frozen=True)
@@ -264,13 +269,14 @@ class TranscriptionStream:
 
 
 def _left_out_tail(window: Window, raw: list[RawSegment], speech: SpeechMap) -> Window | None:
-    """The end of the window after its last segment, when it is long and holds speech."""
+    """The end of the window after its last segment, when it holds a left-out utterance."""
     if not raw:
         return None
     start = window.start + int(raw[-1].end * SAMPLE_RATE)
-    if (window.end - start) / SAMPLE_RATE < MIN_TAIL_SECONDS:
+    guarded = start + int(TAIL_GUARD_SECONDS * SAMPLE_RATE)
+    if speech.speech_seconds(guarded, window.end) < MIN_TAIL_SPEECH_SECONDS:
         return None
-    return Window(start, window.end) if speech.has_speech(start, window.end) else None
+    return Window(start, window.end)
 
 
 def _words_per_segment(raw: list[RawSegment], words: list[Word]) -> list[list[Word]]:

@@ -82,6 +82,15 @@ class SpeechMap:
         loud = float(np.percentile(energy, 99)) if len(energy) else 0.0
         return cls(energy, loud)
 
-    def has_speech(self, start: int, end: int) -> bool:
+    def _loud_frames(self, start: int, end: int) -> np.ndarray:
         region = self.energy[start // FRAME : max(start // FRAME + 1, end // FRAME)]
-        return self.loud > 0 and len(region) > 0 and float(region.max()) > self.loud * SILENCE_RATIO
+        return region > self.loud * SILENCE_RATIO if self.loud > 0 else region[:0] > 0
+
+    def has_speech(self, start: int, end: int) -> bool:
+        return bool(self._loud_frames(start, end).any())
+
+    def speech_seconds(self, start: int, end: int) -> float:
+        """How long, in [start, end), the recording is loud enough to hold speech."""
+        if end <= start:
+            return 0.0
+        return float(self._loud_frames(start, end).sum()) * FRAME / SAMPLE_RATE
