@@ -20,16 +20,9 @@ from whisper_engine.backends.torch_rules import RuleMasks, TimestampState, apply
 NEG_INF = float("-inf")
 
 
-class WhisperTokenRules:
-    """Suppressed tokens, blank suppression at the start, and (in timestamp mode)
-    openai-whisper's timestamp rules, for one request whose prompt has ``prompt_len`` tokens.
-    The rules are the torch backend's own (``torch_rules``), fed the tokens so far."""
-
-    def __init__(self, rules: TokenRules, prompt_len: int, timestamps: bool) -> None:
-        self.rules = rules
-        self.prompt_len = prompt_len
-        self.timestamps = timestamps
-        self._masks: RuleMasks | None = None  # built on the first call, on the logits' device
+class LogitsProcessor:
+    """The library's calling convention: edit ``logits`` in place, on the CUDA stream it
+    passes in. Subclasses implement ``apply`` over rows of [beams, V]."""
 
     def __call__(
         self,
@@ -39,10 +32,24 @@ class WhisperTokenRules:
         stream_ptr: Any,
         client_id: Any,
     ) -> None:
-        # the library runs processors on its own CUDA stream and passes it in
         stream = torch.cuda.ExternalStream(stream_ptr) if stream_ptr is not None else None
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             self.apply(logits.view(-1, logits.shape[-1]), token_ids)
+
+    def apply(self, rows: torch.Tensor, token_ids: list[list[int]]) -> None:
+        raise NotImplementedError
+
+
+class WhisperTokenRules(LogitsProcessor):
+    """Suppressed tokens, blank suppression at the start, and (in timestamp mode)
+    openai-whisper's timestamp rules, for one request whose prompt has ``prompt_len`` tokens.
+    The rules are the torch backend's own (``torch_rules``), fed the tokens so far."""
+
+    def __init__(self, rules: TokenRules, prompt_len: int, timestamps: bool) -> None:
+        self.rules = rules
+        self.prompt_len = prompt_len
+        self.timestamps = timestamps
+        self._masks: RuleMasks | None = None  # built on the first call, on the logits' device
 
     def apply(self, rows: torch.Tensor, token_ids: list[list[int]]) -> None:
         """Edit ``rows`` [beams, V] in place, given each beam's tokens (prompt included)."""
@@ -56,21 +63,13 @@ class WhisperTokenRules:
         rows.copy_(apply_rules(rows, self.rules, state, step, self._masks))
 
 
-class KeepOnly:
+class KeepOnly(LogitsProcessor):
     """Masks every token but ``candidates`` (a language-detection probe)."""
 
     def __init__(self, candidates: tuple[int, ...]) -> None:
         self.candidates = candidates
 
-    def __call__(
-        self,
-        req_id: int,
-        logits: torch.Tensor,
-        token_ids: list[list[int]],
-        stream_ptr: Any,
-        client_id: Any,
-    ) -> None:
-        rows = logits.view(-1, logits.shape[-1])
+    def apply(self, rows: torch.Tensor, token_ids: list[list[int]]) -> None:
         keep = rows[:, list(self.candidates)].clone()
         rows.fill_(NEG_INF)
         rows[:, list(self.candidates)] = keep
