@@ -287,11 +287,13 @@ class TorchBackend:
             logprobs[rows, step] = torch.where(done | ends, 0.0, chosen_logprob)
             done = done | ends | (step + 1 >= limit)
             state.advance(chosen, done)
-            if bool(done.all()):
+            finished = int(done.sum())  # the step's one wait for the device
+            if finished == len(done):
                 break
-            if _worth_compacting(done):
+            if finished * 4 >= len(done):
                 # finished rows would still pay for every step (the cross-attention keys and
-                # values are read in full): drop them from the batch
+                # values are read in full): once a quarter of the batch is done, copying the
+                # rest into a smaller batch is cheaper than carrying them
                 keep = (~done).nonzero()[:, 0]
                 rows, done, limit, chosen = rows[keep], done[keep], limit[keep], chosen[keep]
                 cache = [(k[keep], v[keep]) for k, v in cache]
@@ -302,11 +304,6 @@ class TorchBackend:
                 :, -1
             ].float()
         return _window_outputs(tokens, logprobs, eot_logprob, no_speech, rules.eot)
-
-
-def _worth_compacting(done: torch.Tensor) -> bool:
-    """At least a quarter of the rows are finished: copying the rest beats carrying them."""
-    return int(done.sum()) * 4 >= len(done)
 
 
 class _Sampler:

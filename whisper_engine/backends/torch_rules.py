@@ -26,12 +26,22 @@ class TimestampState:
     last_timestamp: torch.Tensor  # [B] long: last timestamp token id, -1 if none yet
     timestamp_begin: int
     sampled: int = 0  # tokens sampled so far (every row advances together)
+    # whether every / any row is in timestamp mode, kept on the host: asking the device at
+    # every step would make each step wait for it
+    all_enabled: bool = True
+    any_enabled: bool = True
+
+    def _count_enabled(self) -> None:
+        flags = self.enabled.tolist()
+        self.all_enabled, self.any_enabled = all(flags), any(flags)
 
     @classmethod
     def start(cls, batch: list[WindowRequest], device: str) -> TimestampState:
         size = len(batch)
         return cls(
             enabled=torch.tensor([r.timestamps for r in batch], device=device),
+            all_enabled=all(r.timestamps for r in batch),
+            any_enabled=any(r.timestamps for r in batch),
             last_was_timestamp=torch.zeros(size, dtype=torch.bool, device=device),
             penultimate_was_timestamp=torch.ones(size, dtype=torch.bool, device=device),
             last_timestamp=torch.full((size,), -1, dtype=torch.long, device=device),
@@ -50,6 +60,8 @@ class TimestampState:
 
         return cls(
             enabled=torch.tensor([timestamps] * len(generated), device=device),
+            all_enabled=timestamps,
+            any_enabled=timestamps,
             last_was_timestamp=torch.tensor(
                 [bool(g) and is_ts(g[-1]) for g in generated], device=device
             ),
@@ -71,6 +83,7 @@ class TimestampState:
         self.last_was_timestamp = self.last_was_timestamp[keep]
         self.penultimate_was_timestamp = self.penultimate_was_timestamp[keep]
         self.last_timestamp = self.last_timestamp[keep]
+        self._count_enabled()
 
     def advance(self, chosen: torch.Tensor, done: torch.Tensor) -> None:
         is_timestamp = chosen >= self.timestamp_begin
@@ -117,10 +130,10 @@ def apply_rules(
     """A copy of ``logits`` [B, V] with every forbidden token at -inf."""
     # masked_fill (not in place) is the copy: the caller's logits stay as they were
     logits = logits.masked_fill(masks.first if step == 0 else masks.always, NEG_INF)
-    if bool(state.enabled.all()):
+    if state.all_enabled:
         # every row in timestamp mode (the usual case): no second copy to merge
         return _timestamp_rules(logits, rules, state, step, masks)
-    if bool(state.enabled.any()):
+    if state.any_enabled:
         timestamped = _timestamp_rules(logits.clone(), rules, state, step, masks)
         logits = torch.where(state.enabled[:, None], timestamped, logits)
     return logits
