@@ -43,6 +43,7 @@ class WhisperModel:
             backend or self.backend,
             suppress_ids=self.suppress_ids,
             aligner=self.aligner,
+            supports_previous_text=getattr(self.backend, "supports_previous_text", True),
         )
 
     def aligner(self) -> Backend:

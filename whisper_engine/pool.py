@@ -185,13 +185,16 @@ def _resolve(jobs: Sequence[_Job], call: Callable[[], Sequence[Any]]) -> EngineF
         if len(results) != len(jobs):
             raise EngineFailure(f"The backend returned {len(results)} results for {len(jobs)}")
     except Exception as exc:
+        caller_error = isinstance(exc, WhisperEngineError) and not isinstance(exc, EngineFailure)
+        if caller_error:  # a bad option, not a broken engine: the caller gets it as it is
+            _fail(jobs, exc)
+            return None
         logger.exception("Backend call for %d jobs failed", len(jobs))
         failure = exc if isinstance(exc, EngineFailure) else EngineFailure(f"Engine failed: {exc}")
         if failure is not exc:
             failure.__cause__ = exc
         _fail(jobs, failure)
-        caller_error = isinstance(exc, WhisperEngineError) and not isinstance(exc, EngineFailure)
-        return None if caller_error else failure
+        return failure
     for job, result in zip(jobs, results, strict=True):
         job.future.set_result(result)
     return None

@@ -18,7 +18,7 @@ from whisper_engine.decoding import (
     is_silence,
     token_rules,
 )
-from whisper_engine.errors import Cancelled
+from whisper_engine.errors import Cancelled, InvalidOption
 from whisper_engine.options import TranscribeOptions
 from whisper_engine.results import Segment, TokenLogprob, Transcription, Word
 from whisper_engine.segments import RawSegment, split_segments
@@ -56,6 +56,7 @@ class Transcriber:
         suppress_ids: Sequence[int] = (),
         stream_batch_windows: int = 4,
         aligner: Callable[[], Backend] | None = None,
+        supports_previous_text: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.backend = backend
@@ -63,6 +64,7 @@ class Transcriber:
         self.decoder = WindowDecoder(backend, tokenizer, self.rules)
         self.stream_batch_windows = stream_batch_windows
         self.aligner = aligner  # for word timings when ``backend`` gives no cross-attention
+        self.supports_previous_text = supports_previous_text
 
     def transcribe(
         self,
@@ -141,6 +143,14 @@ class TranscriptionStream:
 
     def _run(self) -> Iterator[Segment]:
         t, options = self._t, self._options
+        if options.prompt and not t.supports_previous_text:
+            raise InvalidOption(
+                "prompt",
+                "A previous-text prompt is not supported by this engine (TensorRT-LLM requires "
+                "the decoder prompt to start with <|startoftranscript|>; moving the text after "
+                "the task tokens would make the model treat it as already spoken). Leave the "
+                "prompt out, or serve with the torch backend.",
+            )
         self._check_cancel()
         windows = plan_windows(self._audio)
         if options.language is not None:

@@ -69,7 +69,11 @@ class AlignmentRequest:
 
 @runtime_checkable
 class Backend(Protocol):
-    """A loaded Whisper model that decodes batches of windows."""
+    """A loaded Whisper model that decodes batches of windows.
+
+    Optional attribute: ``supports_previous_text`` (default True), False when prompts may not
+    start with ``<|startofprev|>``; callers then refuse a previous-text prompt up front.
+    """
 
     name: str
     device: str

@@ -43,6 +43,7 @@ def pick_device(device: str | None) -> str:
 
 class TorchBackend:
     name = "torch"
+    supports_previous_text = True
 
     def __init__(
         self,

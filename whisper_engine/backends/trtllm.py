@@ -96,6 +96,8 @@ class TrtllmBackend:
     """A Whisper checkpoint served by one ``tensorrt_llm.LLM``."""
 
     name = "trtllm"
+    # the library requires every decoder prompt to start with <|startoftranscript|>
+    supports_previous_text = False
 
     def __init__(
         self,
