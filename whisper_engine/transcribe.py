@@ -152,18 +152,19 @@ class TranscriptionStream:
                 "prompt out, or serve with the torch backend.",
             )
         self._check_cancel()
-        windows = plan_windows(self._audio)
+        speech = SpeechMap.of(self._audio)
+        windows = plan_windows(self._audio, energy=speech.energy)
         if options.language is not None:
             language = LanguageGuess(options.language, None)
         else:
-            language = t.detect_language(self._audio)
+            opening = windows[0]  # the language is detected from the first window
+            language = t.detect_language(self._audio[opening.start : opening.end])
         prompt = t.tokenizer.decoder_prompt(
             language.code, options.task, options.with_timestamps, options.prompt
         )
         segments: list[Segment] = []
         logprobs: list[TokenLogprob] = []
         size = self._batch_windows or max(1, len(windows))
-        speech = SpeechMap.of(self._audio)
         for first in range(0, len(windows), size):
             self._check_cancel()
             batch = windows[first : first + size]
@@ -210,15 +211,15 @@ class TranscriptionStream:
                 for i, w in enumerate(pending)
             ]
             decoded = t.decoder.decode(plans, options)
+            kept = [i for i, result in enumerate(decoded) if not is_silence(result, options)]
             words = (
-                self._align(plans, decoded, language)
+                self._align([plans[i] for i in kept], [decoded[i] for i in kept], language)
                 if options.word_timestamps
-                else [[] for _ in plans]
+                else [[] for _ in kept]
             )
             tails = []
-            for window, result, window_words in zip(pending, decoded, words, strict=True):
-                if is_silence(result, options):
-                    continue
+            for i, window_words in zip(kept, words, strict=True):
+                window, result = pending[i], decoded[i]
                 raw = split_segments(
                     result.output.token_ids, t.rules.timestamp_begin, window.seconds
                 )
@@ -238,7 +239,7 @@ class TranscriptionStream:
         for piece, piece_words in zip(raw, _words_per_segment(raw, words), strict=True):
             text = self._t.tokenizer.decode(piece.text_tokens)
             if text.strip():
-                segments.append(_segment(0, window, piece, text, result, piece_words))
+                segments.append(_segment(window, piece, text, result, piece_words))
         return segments
 
     def _align(
@@ -302,7 +303,6 @@ def _words_per_segment(raw: list[RawSegment], words: list[Word]) -> list[list[Wo
 
 
 def _segment(
-    segment_id: int,
     window: Window,
     piece: RawSegment,
     text: str,
@@ -314,7 +314,7 @@ def _segment(
     start = round(offset + piece.start, 3)
     end = round(max(offset + piece.end, start), 3)
     return Segment(
-        id=segment_id,
+        id=0,  # numbered once the batch's segments are in time order
         seek=window.start // MEL_HOP,
         start=start,
         end=end,

@@ -31,12 +31,16 @@ class Window:
         return (self.end - self.start) / SAMPLE_RATE
 
 
-def plan_windows(audio: np.ndarray, max_samples: int = WINDOW_SAMPLES) -> list[Window]:
-    """Consecutive windows covering the whole audio, each at most ``max_samples`` long."""
+def plan_windows(
+    audio: np.ndarray, max_samples: int = WINDOW_SAMPLES, energy: np.ndarray | None = None
+) -> list[Window]:
+    """Consecutive windows covering the whole audio, each at most ``max_samples`` long.
+    ``energy``: the audio's smoothed frame energy, when the caller has it already."""
     total = len(audio)
     if total == 0:
         return []
-    energy = _smoothed_frame_energy(audio)
+    if energy is None:
+        energy = _smoothed_frame_energy(audio)
     search = int(SEARCH_SECONDS * SAMPLE_RATE)
     windows = []
     start = 0
